@@ -1,0 +1,27 @@
+"""datapipes: composable, checkpointable data pipelines for PyTorch.
+
+>>> import datapipes as dp
+>>> pipe = dp.range(10).map(lambda x: x * x).filter(lambda x: x % 2 == 0).batch(2)
+>>> [b.tolist() for b in dp.Loader(pipe)]
+[[0, 4], [16, 36], [64]]
+"""
+
+from datapipes.combine import concat, mix, zip
+from datapipes.loader import Loader, StateMismatchError
+from datapipes.pipe import DataPipe
+from datapipes.sources import from_iterable, from_sequence, range
+from nodes.collate import default_collate, no_collate
+
+__all__ = [
+    "DataPipe",
+    "Loader",
+    "StateMismatchError",
+    "concat",
+    "default_collate",
+    "from_iterable",
+    "from_sequence",
+    "mix",
+    "no_collate",
+    "range",
+    "zip",
+]

@@ -1,0 +1,118 @@
+"""Combinators: several pipes into one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from datapipes.pipe import DataPipe
+from nodes import ConcatNode, Context, MixNode, Node, ZipNode
+from nodes.combine import STOP_RULES
+
+
+def _pipes(name: str, pipes: Sequence[Any]) -> tuple[DataPipe[Any], ...]:
+    if not pipes:
+        raise ValueError(f"{name}() needs at least one pipe")
+    for pipe in pipes:
+        if not isinstance(pipe, DataPipe):
+            raise TypeError(
+                f"{name}() takes DataPipes, got {type(pipe).__name__}; wrap data with "
+                "dp.from_sequence(...) or dp.from_iterable(...)"
+            )
+    return tuple(pipes)
+
+
+class Concat(DataPipe[Any]):
+    """All items of the first pipe, then of the second, ..."""
+
+    name = "concat"
+
+    def describe_step(self) -> str:
+        return f"concat({len(self.inputs)} pipes)"
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return ConcatNode([pipe.build(ctx) for pipe in self.inputs])
+
+
+class Zip(DataPipe[Any]):
+    """Tuples with one item of each pipe; ends with the shortest."""
+
+    name = "zip"
+
+    def describe_step(self) -> str:
+        return f"zip({len(self.inputs)} pipes)"
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return ZipNode([pipe.build(ctx) for pipe in self.inputs])
+
+
+class Mix(DataPipe[Any]):
+    """Items drawn at random from several pipes with given weights."""
+
+    name = "mix"
+
+    def describe_step(self) -> str:
+        return f"mix({len(self.inputs)} pipes, {self._own_args()})"
+
+    def __repr__(self) -> str:
+        pipes = ", ".join(repr(pipe) for pipe in self.inputs)
+        return f"dp.mix([{pipes}], {self._own_args()})"
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return MixNode(
+            [pipe.build(ctx) for pipe in self.inputs],
+            self.kwargs["weights"],
+            ctx,
+            self._key(),
+            seed=self.kwargs.get("seed"),
+            stop=self.kwargs["stop"],
+        )
+
+
+def concat(*pipes: DataPipe[Any]) -> DataPipe[Any]:
+    """Chain pipes end to end: ``dp.concat(dp.range(2), dp.range(1))`` yields 0, 1, 0."""
+    return Concat(*_pipes("concat", pipes))
+
+
+def zip(*pipes: DataPipe[Any]) -> DataPipe[tuple[Any, ...]]:  # noqa: A001
+    """Pair items up: ``dp.zip(dp.range(2), dp.from_sequence("ab"))`` yields (0, 'a'), (1, 'b').
+
+    Ends when the shortest pipe ends.
+    """
+    return Zip(*_pipes("zip", pipes))
+
+
+def mix(
+    pipes: Sequence[DataPipe[Any]],
+    weights: Sequence[float],
+    seed: int | None = None,
+    *,
+    stop: str = "all_exhausted",
+) -> DataPipe[Any]:
+    """Interleave pipes by drawing each next item from pipe i with probability ~ weights[i].
+
+    Stop rule (``stop``):
+
+    * ``"all_exhausted"`` (default): a pipe that runs out leaves the draw and
+      the others' weights are renormalized; the mix ends when every pipe is
+      exhausted, so each item of each pipe appears exactly once.
+    * ``"first_exhausted"``: the mix ends as soon as a drawn pipe is empty,
+      keeping the proportions exact.
+
+    The draws are seeded by (``seed`` or the Loader's seed, epoch): new every epoch.
+
+    >>> import datapipes as dp
+    >>> mixed = dp.mix([dp.range(100), dp.range(100, 110)], weights=[0.9, 0.1])
+    """
+    pipes = _pipes("mix", pipes)
+    weights = [float(w) for w in weights]
+    if len(weights) != len(pipes):
+        raise ValueError(f"mix() got {len(pipes)} pipes but {len(weights)} weights")
+    if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
+        raise ValueError(f"mix() weights must be >= 0 with at least one > 0, got {weights}")
+    if stop not in STOP_RULES:
+        raise ValueError(f"mix() stop must be one of {STOP_RULES}, got {stop!r}")
+    kwargs: dict[str, Any] = {"weights": weights, "stop": stop}
+    if seed is not None:
+        kwargs["seed"] = seed
+    return Mix(*pipes, **kwargs)

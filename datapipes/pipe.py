@@ -1,0 +1,202 @@
+"""The recipe: an immutable, picklable description of a pipeline, with the fluent API."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
+
+from datapipes.describe import describe
+from nodes import Context, Node, stable_hash
+
+T = TypeVar("T")
+
+
+class DataPipe(Generic[T]):
+    """A recipe: a graph of steps that runs nothing until it is built.
+
+    Recipes are immutable (every step returns a new recipe), picklable when
+    their functions are, printable (``repr`` reads like the code that built
+    them) and fingerprinted (``fingerprint()`` is stable across processes).
+    ``build(ctx)`` turns a recipe into runtime nodes; a :class:`datapipes.Loader`
+    does that for you.
+
+    >>> import datapipes as dp
+    >>> dp.range(10).map(abs).batch(4)
+    dp.range(10).map(abs).batch(4)
+    """
+
+    #: the name in the fluent API and in ``repr``
+    name = "pipe"
+
+    def __init__(self, *inputs: DataPipe[Any], args: Sequence[Any] = (), **kwargs: Any) -> None:
+        object.__setattr__(self, "inputs", tuple(inputs))
+        object.__setattr__(self, "args", tuple(args))
+        object.__setattr__(self, "kwargs", dict(kwargs))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(
+            f"{type(self).__name__} recipes are immutable; chain a new step instead of "
+            f"setting .{name}"
+        )
+
+    # ----- description -----------------------------------------------------
+    def _own_args(self) -> str:
+        parts = [describe(a) for a in self.args]
+        parts += [f"{k}={describe(v)}" for k, v in self.kwargs.items()]
+        return ", ".join(parts)
+
+    def describe_step(self) -> str:
+        """This step alone, e.g. ``"shuffle(buffer_size=100)"``."""
+        return f"{self.name}({self._own_args()})"
+
+    def __repr__(self) -> str:
+        if len(self.inputs) == 1:
+            return f"{self.inputs[0]!r}.{self.describe_step()}"
+        if not self.inputs:
+            return f"dp.{self.describe_step()}"
+        inputs = ", ".join(repr(pipe) for pipe in self.inputs)
+        rest = self._own_args()
+        return f"dp.{self.name}({inputs}{', ' + rest if rest else ''})"
+
+    def steps(self) -> list[str]:
+        """Every step of the recipe, sources first, each with its nesting depth.
+
+        Used to explain what differs when a checkpoint is loaded into another recipe.
+        """
+        out: list[str] = []
+
+        def walk(pipe: DataPipe[Any], depth: int) -> None:
+            for child in pipe.inputs:
+                walk(child, depth + (len(pipe.inputs) > 1))
+            out.append("  " * depth + pipe.describe_step())
+
+        walk(self, 0)
+        return out
+
+    def fingerprint(self) -> str:
+        """A hex digest of the recipe's structure and arguments, the same in every process.
+
+        Functions count by name, data sources by type and length.
+        """
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+
+    def _key(self) -> int:
+        """The step's place in the graph, as an int for seeding its RNG."""
+        return stable_hash(repr(self))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is type(self)
+            and _identity(self.args) == _identity(other.args)  # type: ignore[attr-defined]
+            and _identity(self.kwargs) == _identity(other.kwargs)  # type: ignore[attr-defined]
+            and self.inputs == other.inputs  # type: ignore[attr-defined]
+        )
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__))
+
+    # ----- runtime -----------------------------------------------------------
+    def build(self, ctx: Context | None = None) -> Node[T]:
+        """Build the runtime nodes for ``ctx`` (default: one consumer, epoch 0, seed 0)."""
+        return self._build(Context() if ctx is None else ctx)
+
+    def _build(self, ctx: Context) -> Node[T]:
+        raise NotImplementedError
+
+    def random_access(self) -> tuple[Sequence[Any], tuple[Callable[[Any], Any], ...]] | None:
+        """``(sequence, fns)`` if item i is ``fns(sequence[i])``, else ``None`` (a stream)."""
+        return None
+
+    # ----- fluent steps ------------------------------------------------------
+    def map(self, fn: Callable[[T], Any]) -> DataPipe[Any]:
+        """Apply ``fn`` to every item: ``dp.range(3).map(str)`` yields ``'0', '1', '2'``."""
+        from datapipes.steps import Map
+
+        return Map(self, fn)
+
+    def filter(self, predicate: Callable[[T], bool]) -> DataPipe[T]:
+        """Keep the items for which ``predicate(item)`` is true."""
+        from datapipes.steps import Filter
+
+        return Filter(self, predicate)
+
+    def flat_map(self, fn: Callable[[T], Iterable[Any]]) -> DataPipe[Any]:
+        """Replace every item by the items of ``fn(item)`` (a deterministic function)."""
+        from datapipes.steps import FlatMap
+
+        return FlatMap(self, fn)
+
+    def shuffle(self, buffer_size: int | None = None, *, seed: int | None = None) -> DataPipe[T]:
+        """Shuffle, with a new order every epoch.
+
+        Without ``buffer_size`` on random-access data (``range``,
+        ``from_sequence`` and maps of them) this is a global shuffle: a fresh
+        permutation of all items every epoch, computed on the fly with O(1)
+        memory and state. On a stream, ``buffer_size`` is required and the
+        shuffle mixes items within a buffer of that size (see
+        :class:`nodes.BufferShuffleNode` for its state and resume cost).
+        ``seed`` overrides the Loader's seed for this step.
+        """
+        from datapipes.steps import Shuffle
+
+        return Shuffle(self, buffer_size=buffer_size, seed=seed)
+
+    def batch(
+        self,
+        size: int,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> DataPipe[Any]:
+        """Group ``size`` items and collate them (``dp.default_collate`` unless ``collate_fn``)."""
+        from datapipes.steps import Batch
+
+        return Batch(self, size, drop_last=drop_last, collate_fn=collate_fn)
+
+    def unbatch(self) -> DataPipe[Any]:
+        """Split batches (lists, tensors, arrays, dicts of columns) back into items."""
+        from datapipes.steps import Unbatch
+
+        return Unbatch(self)
+
+    def take(self, count: int) -> DataPipe[T]:
+        """Stop after ``count`` items (per consumer)."""
+        from datapipes.steps import Take
+
+        return Take(self, count)
+
+    def repeat(self, times: int | None = None) -> DataPipe[T]:
+        """Run the pipeline ``times`` times within one epoch (forever if ``None``).
+
+        Each round gets a fresh random stream, so shuffles differ between rounds.
+        """
+        from datapipes.steps import Repeat
+
+        return Repeat(self, times)
+
+    def prefetch(self, depth: int = 2) -> DataPipe[T]:
+        """Compute up to ``depth`` items ahead on a background thread."""
+        from datapipes.steps import Prefetch
+
+        return Prefetch(self, depth)
+
+
+def _identity(values: Any) -> Any:
+    """Compare plain values by value and data objects (datasets, arrays) by identity."""
+    if isinstance(values, dict):
+        return {k: _identity(v) for k, v in values.items()}
+    if isinstance(values, tuple):
+        return tuple(_identity(v) for v in values)
+    if values is None or isinstance(values, bool | int | float | str | range):
+        return values
+    return id(values)
+
+
+def _rebuild(cls: type, state: dict[str, Any]) -> DataPipe[Any]:
+    pipe = cls.__new__(cls)
+    for key, value in state.items():
+        object.__setattr__(pipe, key, value)
+    return pipe

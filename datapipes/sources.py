@@ -1,0 +1,102 @@
+"""Where pipelines start: ranges, random-access sequences and iterables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from datapipes.pipe import DataPipe
+from nodes import Context, IterableNode, Node, SequenceNode
+
+
+class SequenceSource(DataPipe[Any]):
+    """Items ``seq[0], seq[1], ...`` of anything with ``__len__`` and ``__getitem__``."""
+
+    name = "from_sequence"
+
+    def __init__(self, seq: Sequence[Any]) -> None:
+        if not (hasattr(seq, "__len__") and hasattr(seq, "__getitem__")):
+            raise TypeError(
+                f"from_sequence needs __len__ and __getitem__; {type(seq).__name__} lacks them. "
+                "For a stream use dp.from_iterable(...)."
+            )
+        super().__init__(args=(seq,))
+
+    def random_access(self) -> tuple[Sequence[Any], tuple[Callable[[Any], Any], ...]]:
+        return self.args[0], ()
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return SequenceNode(self.args[0], ctx)
+
+
+class RangeSource(SequenceSource):
+    """Integers of a Python ``range``."""
+
+    name = "range"
+
+    def _own_args(self) -> str:
+        values = self.args[0]
+        if values.start == 0 and values.step == 1:
+            return str(values.stop)
+        step = f", {values.step}" if values.step != 1 else ""
+        return f"{values.start}, {values.stop}{step}"
+
+
+def range(start: int, stop: int | None = None, step: int = 1) -> DataPipe[int]:  # noqa: A001
+    """Integers like Python's ``range``, dealt across consumers, O(1) to resume.
+
+    >>> import datapipes as dp
+    >>> list(dp.Loader(dp.range(2, 8, 2)))
+    [2, 4, 6]
+    """
+    import builtins
+
+    values = builtins.range(start) if stop is None else builtins.range(start, stop, step)
+    return RangeSource(values)
+
+
+def from_sequence(seq: Sequence[Any]) -> DataPipe[Any]:
+    """Items of a list, numpy array, torch map-style ``Dataset`` or Hugging Face ``Dataset``.
+
+    Random access makes it shardable by index, globally shuffleable and O(1)
+    to resume.
+
+    >>> import datapipes as dp
+    >>> list(dp.Loader(dp.from_sequence(["a", "b"])))
+    ['a', 'b']
+    """
+    return SequenceSource(seq)
+
+
+class IterableSource(DataPipe[Any]):
+    """Items of a re-iterable object (see :class:`nodes.IterableNode` for resume)."""
+
+    name = "from_iterable"
+
+    def __init__(self, source: Iterable[Any] | Callable[[], Iterable[Any]]) -> None:
+        if hasattr(source, "__next__") and not hasattr(source, "load_state_dict"):
+            raise TypeError(
+                    f"from_iterable got a one-shot iterator ({type(source).__name__}): it cannot "
+                    "restart for a new epoch or a resume. Pass a re-iterable object (a list, a "
+                    "dataset) or a function returning a fresh iterable, e.g. "
+                    "dp.from_iterable(lambda: my_generator())."
+                )
+        super().__init__(args=(source,))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return IterableNode(self.args[0], ctx)
+
+
+def from_iterable(source: Iterable[Any] | Callable[[], Iterable[Any]]) -> DataPipe[Any]:
+    """Items of an iterable, or of the iterable a zero-argument function returns.
+
+    Resume uses the object's own ``state_dict``/``load_state_dict`` when it
+    has them; otherwise it replays: the object is iterated afresh and the
+    items already seen are skipped (O(position); the object must yield the
+    same items every time). It cannot be split across several consumers.
+
+    >>> import datapipes as dp
+    >>> list(dp.Loader(dp.from_iterable(lambda: (c for c in "ab"))))
+    ['a', 'b']
+    """
+    return IterableSource(source)

@@ -1,0 +1,187 @@
+"""The chainable steps of a recipe; each builds one runtime node."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from datapipes.pipe import DataPipe
+from nodes import (
+    BatchNode,
+    BufferShuffleNode,
+    Context,
+    FilterNode,
+    FlatMapNode,
+    MapNode,
+    Node,
+    PrefetchNode,
+    RepeatNode,
+    RepeatScope,
+    SequenceNode,
+    TakeNode,
+    default_collate,
+    unbatch_items,
+)
+
+
+def _positive(name: str, value: int) -> int:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _callable(step: str, fn: Any) -> Any:
+    if not callable(fn):
+        raise TypeError(f"{step}() takes a function, got {type(fn).__name__}")
+    return fn
+
+
+class Map(DataPipe[Any]):
+    """``fn(item)`` for every item."""
+
+    name = "map"
+
+    def __init__(self, upstream: DataPipe[Any], fn: Callable[[Any], Any]) -> None:
+        super().__init__(upstream, args=(_callable("map", fn),))
+
+    def random_access(self) -> tuple[Sequence[Any], tuple[Callable[[Any], Any], ...]] | None:
+        inner = self.inputs[0].random_access()
+        return None if inner is None else (inner[0], (*inner[1], self.args[0]))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return MapNode(self.inputs[0].build(ctx), self.args[0])
+
+
+class Filter(DataPipe[Any]):
+    """Items for which ``predicate(item)`` is true."""
+
+    name = "filter"
+
+    def __init__(self, upstream: DataPipe[Any], predicate: Callable[[Any], bool]) -> None:
+        super().__init__(upstream, args=(_callable("filter", predicate),))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return FilterNode(self.inputs[0].build(ctx), self.args[0])
+
+
+class FlatMap(DataPipe[Any]):
+    """Every item of ``fn(item)``."""
+
+    name = "flat_map"
+
+    def __init__(self, upstream: DataPipe[Any], fn: Callable[[Any], Any]) -> None:
+        super().__init__(upstream, args=(_callable("flat_map", fn),))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return FlatMapNode(self.inputs[0].build(ctx), self.args[0])
+
+
+class Unbatch(DataPipe[Any]):
+    """The samples of every batch."""
+
+    name = "unbatch"
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return FlatMapNode(self.inputs[0].build(ctx), unbatch_items)
+
+
+class Shuffle(DataPipe[Any]):
+    """A global shuffle of random-access data, or a buffer shuffle of a stream."""
+
+    name = "shuffle"
+
+    def __init__(
+        self, upstream: DataPipe[Any], *, buffer_size: int | None, seed: int | None
+    ) -> None:
+        if buffer_size is None and upstream.random_access() is None:
+            raise ValueError(
+                f"shuffle() without buffer_size needs random-access data, but {upstream!r} is "
+                "a stream (a filter, flat_map, batch, iterable source, ... changes the item "
+                "count). Pass buffer_size=N for a buffer shuffle, or shuffle before those steps."
+            )
+        if buffer_size is not None:
+            _positive("shuffle buffer_size", buffer_size)
+        kwargs = {} if buffer_size is None else {"buffer_size": buffer_size}
+        if seed is not None:
+            kwargs["seed"] = seed
+        super().__init__(upstream, **kwargs)
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        seed = self.kwargs.get("seed")
+        buffer_size = self.kwargs.get("buffer_size")
+        if buffer_size is None:
+            seq, fns = self.inputs[0].random_access()  # type: ignore[misc]
+            return SequenceNode(seq, ctx, shuffle_key=[self._key()], shuffle_seed=seed, fns=fns)
+        upstream = self.inputs[0].build(ctx)
+        return BufferShuffleNode(upstream, buffer_size, ctx, self._key(), seed=seed)
+
+
+class Batch(DataPipe[Any]):
+    """Lists of ``size`` items, collated."""
+
+    name = "batch"
+
+    def __init__(
+        self,
+        upstream: DataPipe[Any],
+        size: int,
+        *,
+        drop_last: bool,
+        collate_fn: Callable[[list[Any]], Any] | None,
+    ) -> None:
+        kwargs: dict[str, Any] = {}
+        if drop_last:
+            kwargs["drop_last"] = True
+        if collate_fn is not None:
+            kwargs["collate_fn"] = _callable("batch collate_fn", collate_fn)
+        super().__init__(upstream, args=(_positive("batch size", size),), **kwargs)
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return BatchNode(
+            self.inputs[0].build(ctx),
+            self.args[0],
+            drop_last=self.kwargs.get("drop_last", False),
+            collate_fn=self.kwargs.get("collate_fn", default_collate),
+        )
+
+
+class Take(DataPipe[Any]):
+    """The first ``count`` items."""
+
+    name = "take"
+
+    def __init__(self, upstream: DataPipe[Any], count: int) -> None:
+        if not isinstance(count, int) or count < 0:
+            raise ValueError(f"take count must be an int >= 0, got {count!r}")
+        super().__init__(upstream, args=(count,))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return TakeNode(self.inputs[0].build(ctx), self.args[0])
+
+
+class Repeat(DataPipe[Any]):
+    """The upstream, ``times`` times over (forever if ``None``)."""
+
+    name = "repeat"
+
+    def __init__(self, upstream: DataPipe[Any], times: int | None) -> None:
+        if times is not None:
+            _positive("repeat times", times)
+        super().__init__(upstream, args=() if times is None else (times,))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        scope = RepeatScope(ctx)
+        times = self.args[0] if self.args else None
+        return RepeatNode(self.inputs[0].build(scope), scope, times)
+
+
+class Prefetch(DataPipe[Any]):
+    """The upstream, computed ``depth`` items ahead on a background thread."""
+
+    name = "prefetch"
+
+    def __init__(self, upstream: DataPipe[Any], depth: int) -> None:
+        super().__init__(upstream, args=(_positive("prefetch depth", depth),))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return PrefetchNode(self.inputs[0].build(ctx), self.args[0])

@@ -1,0 +1,169 @@
+"""The node contract and the context a graph of nodes is bound to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+State = dict[str, Any]
+
+
+class Context:
+    """Where a graph of nodes runs: its consumer slot, epoch and seed.
+
+    A *consumer* is one (rank, worker) pair; data is dealt across
+    ``world_size * num_workers`` consumers. ``epoch`` is mutable: the owner of
+    a graph (usually a :class:`datapipes.Loader`) sets it before ``reset``.
+
+    >>> ctx = Context(rank=1, world_size=2, epoch=3, seed=7)
+    >>> ctx.consumer_index, ctx.num_consumers
+    (1, 2)
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        worker_id: int = 0,
+        num_workers: int = 1,
+        epoch: int = 0,
+        seed: int = 0,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if not 0 <= worker_id < num_workers:
+            raise ValueError(
+                f"worker_id must be in [0, num_workers={num_workers}), got {worker_id}"
+            )
+        self.rank = rank
+        self.world_size = world_size
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.epoch = epoch
+        self.seed = seed
+
+    @property
+    def consumer_index(self) -> int:
+        """This consumer's index among all ``num_consumers`` (rank-major)."""
+        return self.rank * self.num_workers + self.worker_id
+
+    @property
+    def num_consumers(self) -> int:
+        """How many consumers share the data: ``world_size * num_workers``."""
+        return self.world_size * self.num_workers
+
+    def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
+        """Entropy for an RNG: (seed, epoch, *parts). Never touches global RNGs."""
+        return [self.seed if seed is None else seed, self.epoch, *parts]
+
+    def __repr__(self) -> str:
+        return (
+            f"Context(rank={self.rank}, world_size={self.world_size}, "
+            f"worker_id={self.worker_id}, num_workers={self.num_workers}, "
+            f"epoch={self.epoch}, seed={self.seed})"
+        )
+
+
+class RepeatScope(Context):
+    """A view of a parent context that adds a repetition round to every RNG key.
+
+    Nodes under a ``repeat()`` see a new random stream each round while rank,
+    epoch and seed still come from the parent.
+    """
+
+    def __init__(self, parent: Context) -> None:  # noqa: D107 - no super().__init__ on purpose
+        self._parent = parent
+        self.round = 0
+
+    rank = property(lambda self: self._parent.rank)
+    world_size = property(lambda self: self._parent.world_size)
+    worker_id = property(lambda self: self._parent.worker_id)
+    num_workers = property(lambda self: self._parent.num_workers)
+    epoch = property(lambda self: self._parent.epoch)
+    seed = property(lambda self: self._parent.seed)
+
+    def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
+        return self._parent.random_key(self.round, *parts, seed=seed)
+
+
+class Node(Iterator[T]):
+    """A runtime step: an iterator with a resumable position.
+
+    The contract (checked for any node by :func:`nodes.testing.check_node`):
+
+    * ``reset(None)`` starts the epoch from the beginning; ``reset(state)``
+      continues right after the item at which ``state`` was taken.
+    * ``__next__`` returns the next item or raises ``StopIteration`` (and keeps
+      raising it once the epoch is over).
+    * ``state_dict()`` is the position after the last item returned: plain
+      nested dicts/lists of str/int/float/bool/None, a fresh object each call.
+    * ``close()`` releases threads, files and processes; it is idempotent.
+
+    ``__iter__`` may return a faster iterator (a chain of C iterators) that
+    shares this node's position; it is valid until the next ``reset``. A
+    downstream node therefore calls ``iter(upstream)`` after resetting it.
+
+    Example, a node that adds one to every item::
+
+        class AddOne(Node):
+            def __init__(self, upstream):
+                super().__init__(upstream)
+                self.upstream = upstream
+
+            def reset(self, state=None):
+                self.upstream.reset(state)
+
+            def __next__(self):
+                return next(self.upstream) + 1
+
+            def state_dict(self):
+                return self.upstream.state_dict()
+    """
+
+    def __init__(self, *inputs: Node) -> None:
+        self.inputs: tuple[Node, ...] = inputs
+
+    def reset(self, state: State | None = None) -> None:
+        """Start the epoch (``None``) or continue from ``state``."""
+        raise NotImplementedError
+
+    def __next__(self) -> T:
+        raise NotImplementedError
+
+    def state_dict(self) -> State:
+        """The position after the last item returned, as plain data."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources held by this node and its inputs."""
+        for node in self.inputs:
+            node.close()
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+
+class NotReset:
+    """Placeholder iterator for a node that has not been reset yet."""
+
+    def __init__(self, node: Node) -> None:
+        self._name = type(node).__name__
+
+    def __iter__(self) -> NotReset:
+        return self
+
+    def __next__(self) -> Any:
+        raise RuntimeError(f"{self._name}: call reset() before iterating the node")
+
+
+def list_iterator_position(it: Iterator[Any], length: int) -> int:
+    """How many items a list (or range) iterator has yielded, read in O(1).
+
+    Built-in list and range iterators expose their index through ``__reduce__``;
+    an exhausted list iterator drops it, and then the answer is ``length``.
+    """
+    reduced = it.__reduce__()
+    return reduced[2] if len(reduced) > 2 else length

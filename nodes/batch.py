@@ -1,0 +1,63 @@
+"""Grouping items into batches, and splitting batches back into items."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any
+
+from nodes.base import Node, NotReset, State
+from nodes.collate import default_collate
+
+
+class BatchNode(Node):
+    """Groups ``size`` consecutive items and collates them.
+
+    A batch is assembled inside one ``__next__`` call, so between calls the
+    node holds no partial batch: its state is upstream's. A short final batch
+    is yielded, or dropped with ``drop_last=True``.
+    """
+
+    def __init__(
+        self,
+        upstream: Node,
+        size: int,
+        *,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = default_collate,
+    ) -> None:
+        super().__init__(upstream)
+        if size < 1:
+            raise ValueError(f"batch size must be at least 1, got {size}")
+        self._up = upstream
+        self._size = size
+        self._drop_last = drop_last
+        self._collate = collate_fn
+        self._src: Iterator[Any] = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        self._up.reset(state)
+        self._src = iter(self._up)
+
+    def __next__(self) -> Any:
+        batch = list(islice(self._src, self._size))
+        if not batch or (self._drop_last and len(batch) < self._size):
+            raise StopIteration
+        return batch if self._collate is None else self._collate(batch)
+
+    def state_dict(self) -> State:
+        return self._up.state_dict()
+
+
+def unbatch_items(batch: Any) -> list[Any]:
+    """Split a batch into its samples: a list, a tensor/array (by rows), or a dict of columns."""
+    if isinstance(batch, dict):
+        columns = {key: unbatch_items(value) for key, value in batch.items()}
+        lengths = {len(column) for column in columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"unbatch: the fields of a dict batch differ in length: {lengths}")
+        count = lengths.pop() if lengths else 0
+        return [{key: column[i] for key, column in columns.items()} for i in range(count)]
+    if isinstance(batch, tuple) and not hasattr(batch, "_fields"):
+        return list(zip(*(unbatch_items(column) for column in batch)))
+    return list(batch)

@@ -1,0 +1,158 @@
+"""Combining several upstreams: concat, zip, and weighted mixing."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from itertools import accumulate, chain
+from typing import Any
+
+from nodes.base import Context, Node, NotReset, State
+from nodes.rng import UniformStream
+
+STOP_RULES = ("all_exhausted", "first_exhausted")
+
+
+class ConcatNode(Node):
+    """Yields every item of the first upstream, then the second, and so on.
+
+    Upstreams are reset lazily, when their turn comes. State: which upstream
+    is running and its position.
+    """
+
+    def __init__(self, upstreams: Sequence[Node]) -> None:
+        super().__init__(*upstreams)
+        self._it: Iterator[Any] = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        index = 0 if state is None else int(state["index"])
+        first_state = None if state is None else state["current"]
+        self._index = index
+        if index < len(self.inputs):
+            self.inputs[index].reset(first_state)
+        self._it = chain.from_iterable(self._parts(index))
+
+    def _parts(self, index: int) -> Iterator[Iterator[Any]]:
+        for i in range(index, len(self.inputs)):
+            if i > index:
+                self.inputs[i].reset(None)
+            self._index = i
+            yield iter(self.inputs[i])
+        self._index = len(self.inputs)
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def state_dict(self) -> State:
+        index = self._index
+        current = self.inputs[index].state_dict() if index < len(self.inputs) else None
+        return {"index": index, "current": current}
+
+
+class ZipNode(Node):
+    """Yields tuples of one item from each upstream; stops with the shortest.
+
+    State: every upstream's position.
+    """
+
+    def __init__(self, upstreams: Sequence[Node]) -> None:
+        super().__init__(*upstreams)
+        self._it: Iterator[Any] = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        states = [None] * len(self.inputs) if state is None else state["inputs"]
+        for node, node_state in zip(self.inputs, states):
+            node.reset(node_state)
+        self._it = zip(*(iter(node) for node in self.inputs))
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def state_dict(self) -> State:
+        return {"inputs": [node.state_dict() for node in self.inputs]}
+
+
+class MixNode(Node):
+    """Draws each item from one upstream chosen at random with the given weights.
+
+    Stop rules:
+
+    * ``"all_exhausted"`` (default): an exhausted upstream leaves the draw and
+      the weights of the others are renormalized; the mix ends when all are
+      exhausted, so every item of every upstream is yielded exactly once.
+    * ``"first_exhausted"``: the mix ends the first time the chosen upstream
+      is exhausted, keeping the proportions exact to the end.
+
+    Draws come from a seekable stream keyed by (seed, epoch, node, consumer).
+    State: the draw counter, which upstreams are exhausted, and each one's position.
+    """
+
+    def __init__(
+        self,
+        upstreams: Sequence[Node],
+        weights: Sequence[float],
+        ctx: Context,
+        key: int,
+        *,
+        seed: int | None = None,
+        stop: str = "all_exhausted",
+    ) -> None:
+        super().__init__(*upstreams)
+        if len(weights) != len(upstreams):
+            raise ValueError(f"mix got {len(upstreams)} pipes but {len(weights)} weights")
+        if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
+            raise ValueError(f"mix weights must be >= 0 with at least one > 0, got {weights}")
+        if stop not in STOP_RULES:
+            raise ValueError(f"mix stop must be one of {STOP_RULES}, got {stop!r}")
+        self._weights = [float(w) for w in weights]
+        self._ctx = ctx
+        self._key = key
+        self._seed = seed
+        self._stop_rule = stop
+        self._sources: list[Iterator[Any]] = []
+
+    def reset(self, state: State | None = None) -> None:
+        key = self._ctx.random_key(self._key, self._ctx.consumer_index, seed=self._seed)
+        self._draws = UniformStream(key)
+        states = [None] * len(self.inputs) if state is None else state["inputs"]
+        for node, node_state in zip(self.inputs, states):
+            node.reset(node_state)
+        self._sources = [iter(node) for node in self.inputs]
+        self._exhausted = [False] * len(self.inputs) if state is None else list(state["exhausted"])
+        if state is not None:
+            self._draws.seek(int(state["draws"]))
+        self._ended = bool(state and state.get("ended"))
+        self._reweigh()
+
+    def _reweigh(self) -> None:
+        self._active = [
+            i for i, w in enumerate(self._weights) if w > 0 and not self._exhausted[i]
+        ]
+        self._cumulative = list(accumulate(self._weights[i] for i in self._active))
+
+    def __next__(self) -> Any:
+        while self._active and not self._ended:
+            total = self._cumulative[-1]
+            pick = bisect_right(self._cumulative, self._draws.next() * total)
+            index = self._active[min(pick, len(self._active) - 1)]
+            for item in self._sources[index]:
+                return item
+            self._exhausted[index] = True
+            if self._stop_rule == "first_exhausted":
+                self._ended = True
+            self._reweigh()
+        raise StopIteration
+
+    def state_dict(self) -> State:
+        return {
+            "draws": self._draws.position(),
+            "exhausted": list(self._exhausted),
+            "ended": self._ended,
+            "inputs": [node.state_dict() for node in self.inputs],
+        }

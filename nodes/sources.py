@@ -1,0 +1,186 @@
+"""Source nodes: random-access sequences (with an optional global shuffle) and iterables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, islice
+from typing import Any
+
+import numpy as np
+
+from nodes.base import Context, Node, NotReset, State, list_iterator_position
+from nodes.rng import IndexPermutation
+
+_SHUFFLE_BLOCK = 4096
+
+
+class SequenceNode(Node):
+    """Yields ``seq[i]`` for this consumer's share of ``range(len(seq))``.
+
+    Sharding: the indices are dealt round-robin, consumer ``c`` of ``C`` gets
+    positions ``c, c + C, c + 2C, ...``; every index reaches exactly one consumer.
+
+    With ``shuffle_key`` set, the positions go through a fresh pseudo-random
+    permutation every epoch (a global shuffle shared by all consumers, keyed by
+    seed, epoch and ``shuffle_key``, never materialized). ``fns`` are applied in order to each
+    item (maps fused into the source at build time).
+
+    State: ``{"position": k}``, the number of items this consumer has yielded.
+    Resume costs O(1) whatever ``k`` is.
+    """
+
+    def __init__(
+        self,
+        seq: Sequence[Any],
+        ctx: Context,
+        *,
+        shuffle_key: list[int] | None = None,
+        shuffle_seed: int | None = None,
+        fns: Sequence[Callable[[Any], Any]] = (),
+    ) -> None:
+        super().__init__()
+        self._seq = seq
+        self._ctx = ctx
+        self._shuffle_key = shuffle_key
+        self._shuffle_seed = shuffle_seed
+        self._fns = tuple(fns)
+        self._it: Iterator[Any] = NotReset(self)
+        self._start = 0
+
+    def _local_length(self) -> int:
+        n, c, total = len(self._seq), self._ctx.consumer_index, self._ctx.num_consumers
+        return max(0, (n - c + total - 1) // total)
+
+    def reset(self, state: State | None = None) -> None:
+        self._length = self._local_length()
+        self._start = min(0 if state is None else int(state["position"]), self._length)
+        c, total = self._ctx.consumer_index, self._ctx.num_consumers
+        is_range = isinstance(self._seq, range)
+        if self._shuffle_key is None:
+            # The counter we read the position from is a built-in range iterator.
+            counted = self._seq[c::total] if is_range else range(c, len(self._seq), total)
+            self._counter = iter(counted)
+            self._counter.__setstate__(self._start)
+            it = self._counter if is_range else map(self._seq.__getitem__, self._counter)
+        else:
+            self._permutation = IndexPermutation(
+                len(self._seq), self._ctx.random_key(*self._shuffle_key, seed=self._shuffle_seed)
+            )
+            self._block_it = None
+            it = chain.from_iterable(self._shuffled_blocks(self._start))
+            if not is_range:
+                it = map(self._seq.__getitem__, it)
+        for fn in self._fns:
+            it = map(fn, it)
+        self._it = it
+
+    def _shuffled_blocks(self, start: int) -> Iterator[Iterator[Any]]:
+        c, total = self._ctx.consumer_index, self._ctx.num_consumers
+        block = start // _SHUFFLE_BLOCK
+        offset = start % _SHUFFLE_BLOCK
+        while block * _SHUFFLE_BLOCK < self._length:
+            lo = block * _SHUFFLE_BLOCK
+            hi = min(lo + _SHUFFLE_BLOCK, self._length)
+            global_positions = c + total * np.arange(lo, hi, dtype=np.int64)
+            indices = self._permutation.apply(global_positions)
+            if isinstance(self._seq, range):
+                indices = self._seq.start + indices * self._seq.step
+            values = indices.tolist()
+            it = iter(values)
+            if offset:
+                it.__setstate__(offset)
+                offset = 0
+            self._block_index, self._block_it, self._block_len = block, it, len(values)
+            yield it
+            block += 1
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def position(self) -> int:
+        """How many items this consumer has yielded in the current epoch."""
+        if self._shuffle_key is None:
+            return list_iterator_position(self._counter, self._length)
+        if self._block_it is None:
+            return self._start
+        return self._block_index * _SHUFFLE_BLOCK + list_iterator_position(
+            self._block_it, self._block_len
+        )
+
+    def state_dict(self) -> State:
+        return {"position": self.position()}
+
+
+class IterableNode(Node):
+    """Yields the items of a re-iterable object, resuming as well as it allows.
+
+    * If the object has ``state_dict()``/``load_state_dict()`` (a torchdata
+      ``Stateful``, a Hugging Face ``IterableDataset``, a ``StatefulDataLoader``),
+      the state is the object's own state and resume is whatever it provides.
+      Its state must be plain data for the checkpoint to be plain.
+    * Otherwise resume is a *replay*: the state is the number of items yielded,
+      and ``reset(state)`` iterates the object afresh and skips that many
+      items. That costs O(position) and needs the object to yield the same
+      sequence every time it is iterated.
+
+    ``source`` may also be a zero-argument callable returning the iterable.
+    A one-shot iterator (a generator object) cannot restart and is rejected.
+    """
+
+    def __init__(self, source: Iterable[Any] | Callable[[], Iterable[Any]], ctx: Context) -> None:
+        super().__init__()
+        if ctx.num_consumers > 1:
+            raise ValueError(
+                f"from_iterable(...) cannot split its items across {ctx.num_consumers} "
+                "consumers: every consumer would read every item. Use a random-access "
+                "source (dp.from_sequence) or shard the iterable explicitly."
+            )
+        self._source = source
+        self._obj: Any = None
+        self._initial_state: Any = None
+        self._it: Iterator[Any] = NotReset(self)
+        self._count = 0
+
+    def _object(self) -> Any:
+        if self._obj is None:
+            is_factory = callable(self._source) and not hasattr(self._source, "__iter__")
+            obj = self._source() if is_factory else self._source
+            if iter(obj) is obj and not hasattr(obj, "load_state_dict"):
+                raise TypeError(
+                    f"from_iterable got a one-shot iterator ({type(obj).__name__}); it cannot "
+                    "restart for a new epoch or a resume. Pass a re-iterable object, or a "
+                    "function that returns a fresh iterable each time it is called."
+                )
+            self._obj = obj
+            self.stateful = hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
+            if self.stateful:
+                self._initial_state = obj.state_dict()
+        return self._obj
+
+    def reset(self, state: State | None = None) -> None:
+        obj = self._object()
+        if self.stateful:
+            obj.load_state_dict(self._initial_state if state is None else state["inner"])
+            self._it = iter(obj)
+            return
+        self._count = 0 if state is None else int(state["count"])
+        self._it = iter(obj)
+        if self._count:
+            skipped = sum(1 for _ in islice(self._it, self._count))
+            self._count = skipped
+
+    def __next__(self) -> Any:
+        item = next(self._it)
+        self._count += 1
+        return item
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it if self.stateful else self
+
+    def state_dict(self) -> State:
+        if self.stateful:
+            return {"inner": self._obj.state_dict()}
+        return {"count": self._count}

@@ -1,0 +1,180 @@
+"""Per-item steps: map, filter, flat_map, take, repeat."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
+from typing import Any
+
+from nodes.base import Node, NotReset, RepeatScope, State, list_iterator_position
+
+_END = object()
+
+
+class MapNode(Node):
+    """Applies ``fn`` to every item. Holds no position of its own: state is upstream's."""
+
+    def __init__(self, upstream: Node, fn: Callable[[Any], Any]) -> None:
+        super().__init__(upstream)
+        self._up = upstream
+        self._fn = fn
+        self._it: Iterator[Any] = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        self._up.reset(state)
+        self._it = map(self._fn, iter(self._up))
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def state_dict(self) -> State:
+        return self._up.state_dict()
+
+
+class FilterNode(Node):
+    """Keeps the items for which ``predicate`` is true. State is upstream's."""
+
+    def __init__(self, upstream: Node, predicate: Callable[[Any], bool]) -> None:
+        super().__init__(upstream)
+        self._up = upstream
+        self._predicate = predicate
+        self._it: Iterator[Any] = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        self._up.reset(state)
+        self._it = filter(self._predicate, iter(self._up))
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def state_dict(self) -> State:
+        return self._up.state_dict()
+
+
+class FlatMapNode(Node):
+    """Yields every item of ``fn(item)`` for each upstream item.
+
+    State: the upstream position *before* the current parent item and the
+    offset inside its outputs. Resume re-reads that one parent and calls ``fn``
+    on it again (so ``fn`` must be deterministic), then skips ``offset`` outputs.
+    """
+
+    def __init__(self, upstream: Node, fn: Callable[[Any], Iterable[Any]]) -> None:
+        super().__init__(upstream)
+        self._up = upstream
+        self._fn = fn
+        self._it: Iterator[Any] = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        before = None if state is None else state["up"]
+        offset = 0 if state is None else int(state["offset"])
+        self._up.reset(before)
+        self._before = self._up.state_dict() if before is None else before
+        self._current: Iterator[Any] | None = None
+        self._current_len = 0
+        self._it = chain.from_iterable(self._children(offset))
+
+    def _children(self, offset: int) -> Iterator[Iterator[Any]]:
+        up, fn = self._up, self._fn
+        src = iter(up)
+        while True:
+            before = self._before if offset else up.state_dict()
+            parent = next(src, _END)
+            if parent is _END:
+                self._before, self._current = before, None
+                return
+            outputs = list(fn(parent))
+            current = iter(outputs)
+            if offset:
+                current.__setstate__(offset)
+                offset = 0
+            self._before, self._current, self._current_len = before, current, len(outputs)
+            yield current
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def state_dict(self) -> State:
+        current = self._current
+        if current is not None:
+            offset = list_iterator_position(current, self._current_len)
+            if offset < self._current_len:
+                return {"up": self._before, "offset": offset}
+        return {"up": self._up.state_dict(), "offset": 0}
+
+
+class TakeNode(Node):
+    """Stops after ``count`` items. State: upstream's and how many were taken."""
+
+    def __init__(self, upstream: Node, count: int) -> None:
+        super().__init__(upstream)
+        self._up = upstream
+        self._limit = count
+        self._src: Iterator[Any] = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        self._up.reset(None if state is None else state["up"])
+        self._taken = 0 if state is None else int(state["taken"])
+        self._src = iter(self._up)
+
+    def __next__(self) -> Any:
+        if self._taken >= self._limit:
+            raise StopIteration
+        item = next(self._src)
+        self._taken += 1
+        return item
+
+    def state_dict(self) -> State:
+        return {"up": self._up.state_dict(), "taken": self._taken}
+
+
+class RepeatNode(Node):
+    """Runs its upstream ``times`` times (forever when ``None``) within one epoch.
+
+    Each round sees its own random stream (shuffles differ round to round)
+    through a :class:`RepeatScope`. A round that yields nothing ends the
+    repetition, so an empty source never spins forever.
+    State: the round number and upstream's position in it.
+    """
+
+    def __init__(self, upstream: Node, scope: RepeatScope, times: int | None) -> None:
+        super().__init__(upstream)
+        self._up = upstream
+        self._scope = scope
+        self._times = times
+        self._src: Iterator[Any] = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        self._round = 0 if state is None else int(state["round"])
+        self._yielded = False if state is None else bool(state["yielded"])
+        self._scope.round = self._round
+        self._done = self._times is not None and self._round >= self._times
+        self._up.reset(None if state is None else state["up"])
+        self._src = iter(self._up)
+
+    def __next__(self) -> Any:
+        while not self._done:
+            for item in self._src:
+                self._yielded = True
+                return item
+            if not self._yielded or (self._times is not None and self._round + 1 >= self._times):
+                self._done = True
+                break
+            self._round += 1
+            self._yielded = False
+            self._scope.round = self._round
+            self._up.reset(None)
+            self._src = iter(self._up)
+        raise StopIteration
+
+    def state_dict(self) -> State:
+        return {"round": self._round, "yielded": self._yielded, "up": self._up.state_dict()}
