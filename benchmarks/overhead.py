@@ -77,16 +77,23 @@ def torchdata_nodes(n: int) -> Iterator[Any]:
     return iter(Loader(Mapper(node, default_collate)))
 
 
-def measure(make: Callable[[int], Iterator[Any]], n: int, repeats: int) -> tuple[float, int]:
-    """Best-of-``repeats`` ns per input item, and the number of output items."""
-    best = float("inf")
-    count = 0
+def measure(
+    contenders: dict[str, Callable[[int], Iterator[Any]]], n: int, repeats: int
+) -> dict[str, tuple[float, int]]:
+    """Best-of-``repeats`` ns per input item and the output count, for each contender.
+
+    The contenders take turns within every repeat, so a noisy neighbour on the
+    machine slows all of them alike instead of skewing one.
+    """
+    best = dict.fromkeys(contenders, float("inf"))
+    counts = dict.fromkeys(contenders, 0)
     for _ in range(repeats):
-        gc.collect()
-        start = time.perf_counter()
-        count = sum(len(batch) for batch in make(n))
-        best = min(best, time.perf_counter() - start)
-    return best * 1e9 / n, count
+        for name, make in contenders.items():
+            gc.collect()
+            start = time.perf_counter()
+            counts[name] = sum(len(batch) for batch in make(n))
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: (best[name] * 1e9 / n, counts[name]) for name in contenders}
 
 
 def main() -> None:
@@ -100,9 +107,7 @@ def main() -> None:
         "torchdata.nodes": torchdata_nodes,
         "datapipes": datapipes_loader,
     }
-    results = {}
-    for name, make in contenders.items():
-        results[name] = measure(make, args.items, args.repeats)
+    results = measure(contenders, args.items, args.repeats)
     counts = {count for _, count in results.values()}
     assert len(counts) == 1, f"implementations disagree on the output: {results}"
 
