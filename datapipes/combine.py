@@ -7,7 +7,7 @@ from typing import Any
 
 from datapipes.pipe import DataPipe
 from nodes import ConcatNode, Context, MixNode, Node, ZipNode
-from nodes.combine import STOP_RULES
+from nodes.combine import check_mix_args
 
 
 def _pipes(name: str, pipes: Sequence[Any]) -> tuple[DataPipe[Any], ...]:
@@ -105,13 +105,7 @@ def mix(
     >>> mixed = dp.mix([dp.range(100), dp.range(100, 110)], weights=[0.9, 0.1])
     """
     pipes = _pipes("mix", pipes)
-    weights = [float(w) for w in weights]
-    if len(weights) != len(pipes):
-        raise ValueError(f"mix() got {len(pipes)} pipes but {len(weights)} weights")
-    if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
-        raise ValueError(f"mix() weights must be >= 0 with at least one > 0, got {weights}")
-    if stop not in STOP_RULES:
-        raise ValueError(f"mix() stop must be one of {STOP_RULES}, got {stop!r}")
+    weights = check_mix_args(len(pipes), weights, stop)
     kwargs: dict[str, Any] = {"weights": weights, "stop": stop}
     if seed is not None:
         kwargs["seed"] = seed

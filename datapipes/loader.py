@@ -59,6 +59,8 @@ class Loader:
                 "runs in this process)"
             )
         self.pipe = pipe
+        self._fingerprint = pipe.fingerprint()
+        self._steps = pipe.steps()
         self.seed = int(seed)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.num_workers = num_workers
@@ -118,10 +120,12 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """The position of the whole pipeline: plain data (json / ``weights_only`` safe)."""
         running = self._running_epoch is not None and self._root is not None
+        # Loaded but not iterated yet: the loaded position is still the position.
+        node = self._root.state_dict() if running else self._pending  # type: ignore[union-attr]
         return {
             "version": STATE_VERSION,
-            "fingerprint": self.pipe.fingerprint(),
-            "steps": self.pipe.steps(),
+            "fingerprint": self._fingerprint,
+            "steps": list(self._steps),
             "topology": {
                 "rank": self.rank,
                 "world_size": self.world_size,
@@ -129,7 +133,7 @@ class Loader:
             },
             "seed": self.seed,
             "epoch": self._running_epoch if running else self._next_epoch,
-            "node": self._root.state_dict() if running else None,  # type: ignore[union-attr]
+            "node": node,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -145,10 +149,10 @@ class Loader:
             raise StateMismatchError(
                 f"not a datapipes Loader state of version {STATE_VERSION} (found {found!r})"
             )
-        if state["fingerprint"] != self.pipe.fingerprint():
+        if state["fingerprint"] != self._fingerprint:
             raise StateMismatchError(
                 "this checkpoint was taken with a different recipe:\n"
-                + _explain_difference(list(state["steps"]), self.pipe.steps())
+                + _explain_difference(list(state["steps"]), self._steps)
             )
         topology = state["topology"]
         ours = {"rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers}

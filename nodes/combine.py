@@ -13,6 +13,18 @@ from nodes.rng import UniformStream
 STOP_RULES = ("all_exhausted", "first_exhausted")
 
 
+def check_mix_args(count: int, weights: Sequence[float], stop: str) -> list[float]:
+    """Validate mix arguments; return the weights as floats."""
+    weights = [float(w) for w in weights]
+    if len(weights) != count:
+        raise ValueError(f"mix() got {count} pipes but {len(weights)} weights")
+    if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
+        raise ValueError(f"mix() weights must be >= 0 with at least one > 0, got {weights}")
+    if stop not in STOP_RULES:
+        raise ValueError(f"mix() stop must be one of {STOP_RULES}, got {stop!r}")
+    return weights
+
+
 class ConcatNode(Node):
     """Yields every item of the first upstream, then the second, and so on.
 
@@ -104,13 +116,7 @@ class MixNode(Node):
         stop: str = "all_exhausted",
     ) -> None:
         super().__init__(*upstreams)
-        if len(weights) != len(upstreams):
-            raise ValueError(f"mix got {len(upstreams)} pipes but {len(weights)} weights")
-        if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
-            raise ValueError(f"mix weights must be >= 0 with at least one > 0, got {weights}")
-        if stop not in STOP_RULES:
-            raise ValueError(f"mix stop must be one of {STOP_RULES}, got {stop!r}")
-        self._weights = [float(w) for w in weights]
+        self._weights = check_mix_args(len(upstreams), weights, stop)
         self._ctx = ctx
         self._key = key
         self._seed = seed

@@ -23,8 +23,10 @@ class PrefetchNode(Node):
     The thread records upstream's state next to every item it queues, so the
     state is exactly the position after the last item *returned*, never the
     read-ahead position: items in flight are simply read again after a resume.
-    An exception in the thread is re-raised in the consumer with its original
-    traceback. ``close()`` and ``reset()`` stop and join the thread.
+    That costs one upstream ``state_dict()`` per item on the background
+    thread, so place ``prefetch`` after ``batch`` when upstream states are
+    large (a big shuffle buffer). An exception in the thread is re-raised in
+    the consumer with its original traceback. ``close()`` and ``reset()`` stop and join the thread.
     """
 
     def __init__(self, upstream: Node, depth: int = 2) -> None:

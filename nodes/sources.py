@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from nodes.base import Context, Node, NotReset, State, list_iterator_position
+from nodes.base import (
+    Context,
+    Node,
+    NotReset,
+    State,
+    list_iterator_position,
+    positioned_iterator,
+)
 from nodes.rng import IndexPermutation
 
 _SHUFFLE_BLOCK = 4096
@@ -86,10 +93,8 @@ class SequenceNode(Node):
             if isinstance(self._seq, range):
                 indices = self._seq.start + indices * self._seq.step
             values = indices.tolist()
-            it = iter(values)
-            if offset:
-                it.__setstate__(offset)
-                offset = 0
+            it = positioned_iterator(values, offset)
+            offset = 0
             self._block_index, self._block_it, self._block_len = block, it, len(values)
             yield it
             block += 1
@@ -148,7 +153,9 @@ class IterableNode(Node):
         if self._obj is None:
             is_factory = callable(self._source) and not hasattr(self._source, "__iter__")
             obj = self._source() if is_factory else self._source
-            if iter(obj) is obj and not hasattr(obj, "load_state_dict"):
+            # A factory may return a one-shot iterator: reset() calls it again for every pass.
+            self._factory_used = False if is_factory else None
+            if iter(obj) is obj and not hasattr(obj, "load_state_dict") and not is_factory:
                 raise TypeError(
                     f"from_iterable got a one-shot iterator ({type(obj).__name__}); it cannot "
                     "restart for a new epoch or a resume. Pass a re-iterable object, or a "
@@ -166,6 +173,10 @@ class IterableNode(Node):
             obj.load_state_dict(self._initial_state if state is None else state["inner"])
             self._it = iter(obj)
             return
+        if self._factory_used:
+            obj = self._obj = self._source()  # type: ignore[operator]
+        if self._factory_used is not None:
+            self._factory_used = True
         self._count = 0 if state is None else int(state["count"])
         self._it = iter(obj)
         if self._count:

@@ -6,13 +6,20 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import Any
 
-from nodes.base import Node, NotReset, RepeatScope, State, list_iterator_position
+from nodes.base import (
+    Node,
+    NotReset,
+    RepeatScope,
+    State,
+    list_iterator_position,
+    positioned_iterator,
+)
 
 _END = object()
 
 
-class MapNode(Node):
-    """Applies ``fn`` to every item. Holds no position of its own: state is upstream's."""
+class _StatelessStep(Node):
+    """A step with no position of its own, run by a built-in (C) iterator; state is upstream's."""
 
     def __init__(self, upstream: Node, fn: Callable[[Any], Any]) -> None:
         super().__init__(upstream)
@@ -20,9 +27,12 @@ class MapNode(Node):
         self._fn = fn
         self._it: Iterator[Any] = NotReset(self)
 
+    def _chain(self, fn: Callable[[Any], Any], items: Iterator[Any]) -> Iterator[Any]:
+        raise NotImplementedError
+
     def reset(self, state: State | None = None) -> None:
         self._up.reset(state)
-        self._it = map(self._fn, iter(self._up))
+        self._it = self._chain(self._fn, iter(self._up))
 
     def __next__(self) -> Any:
         return next(self._it)
@@ -34,27 +44,16 @@ class MapNode(Node):
         return self._up.state_dict()
 
 
-class FilterNode(Node):
-    """Keeps the items for which ``predicate`` is true. State is upstream's."""
+class MapNode(_StatelessStep):
+    """Applies ``fn`` to every item."""
 
-    def __init__(self, upstream: Node, predicate: Callable[[Any], bool]) -> None:
-        super().__init__(upstream)
-        self._up = upstream
-        self._predicate = predicate
-        self._it: Iterator[Any] = NotReset(self)
+    _chain = staticmethod(map)  # type: ignore[assignment]
 
-    def reset(self, state: State | None = None) -> None:
-        self._up.reset(state)
-        self._it = filter(self._predicate, iter(self._up))
 
-    def __next__(self) -> Any:
-        return next(self._it)
+class FilterNode(_StatelessStep):
+    """Keeps the items for which the predicate ``fn`` is true."""
 
-    def __iter__(self) -> Iterator[Any]:
-        return self._it
-
-    def state_dict(self) -> State:
-        return self._up.state_dict()
+    _chain = staticmethod(filter)  # type: ignore[assignment]
 
 
 class FlatMapNode(Node):
@@ -90,10 +89,8 @@ class FlatMapNode(Node):
                 self._before, self._current = before, None
                 return
             outputs = list(fn(parent))
-            current = iter(outputs)
-            if offset:
-                current.__setstate__(offset)
-                offset = 0
+            current = positioned_iterator(outputs, offset)
+            offset = 0
             self._before, self._current, self._current_len = before, current, len(outputs)
             yield current
 
