@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from datapipes.pipe import DataPipe
-from nodes import ConcatNode, Context, MixNode, Node, ZipNode
+from nodes import ConcatNode, Context, MixNode, Node, ScopedContext, ZipNode
 from nodes.combine import check_mix_args
 
 
@@ -22,6 +22,11 @@ def _pipes(name: str, pipes: Sequence[Any]) -> tuple[DataPipe[Any], ...]:
     return tuple(pipes)
 
 
+def _build_branches(pipes: Sequence[DataPipe[Any]], ctx: Context) -> list[Node[Any]]:
+    # Each branch draws its own random stream, even when two branches are the same recipe.
+    return [pipe.build(ScopedContext(ctx, branch)) for branch, pipe in enumerate(pipes)]
+
+
 class Concat(DataPipe[Any]):
     """All items of the first pipe, then of the second, ..."""
 
@@ -31,7 +36,7 @@ class Concat(DataPipe[Any]):
         return f"concat({len(self.inputs)} pipes)"
 
     def _build(self, ctx: Context) -> Node[Any]:
-        return ConcatNode([pipe.build(ctx) for pipe in self.inputs])
+        return ConcatNode(_build_branches(self.inputs, ctx))
 
 
 class Zip(DataPipe[Any]):
@@ -43,7 +48,7 @@ class Zip(DataPipe[Any]):
         return f"zip({len(self.inputs)} pipes)"
 
     def _build(self, ctx: Context) -> Node[Any]:
-        return ZipNode([pipe.build(ctx) for pipe in self.inputs])
+        return ZipNode(_build_branches(self.inputs, ctx))
 
 
 class Mix(DataPipe[Any]):
@@ -60,7 +65,7 @@ class Mix(DataPipe[Any]):
 
     def _build(self, ctx: Context) -> Node[Any]:
         return MixNode(
-            [pipe.build(ctx) for pipe in self.inputs],
+            _build_branches(self.inputs, ctx),
             self.kwargs["weights"],
             ctx,
             self._key(),

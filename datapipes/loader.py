@@ -104,8 +104,15 @@ class Loader:
             self._running_epoch = None
 
     def close(self) -> None:
-        """Stop background threads and release resources; the Loader can be iterated again."""
+        """Stop background threads and release resources; the Loader can be iterated again.
+
+        A mid-epoch position survives: ``state_dict()`` after ``close()`` is the
+        state before it, and the next iteration continues the interrupted epoch.
+        """
         if self._root is not None:
+            if self._running_epoch is not None:
+                self._pending = self._root.state_dict()
+                self._next_epoch = self._running_epoch
             self._root.close()
             self._root = None
         self._running_epoch = None

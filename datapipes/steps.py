@@ -16,7 +16,7 @@ from nodes import (
     Node,
     PrefetchNode,
     RepeatNode,
-    RepeatScope,
+    ScopedContext,
     SequenceNode,
     TakeNode,
     default_collate,
@@ -170,7 +170,7 @@ class Repeat(DataPipe[Any]):
         super().__init__(upstream, args=() if times is None else (times,))
 
     def _build(self, ctx: Context) -> Node[Any]:
-        scope = RepeatScope(ctx)
+        scope = ScopedContext(ctx)
         times = self.args[0] if self.args else None
         return RepeatNode(self.inputs[0].build(scope), scope, times)
 

@@ -4,7 +4,7 @@ Users normally build nodes from a recipe (``datapipes``); power users and
 authors of custom steps use these classes directly.
 """
 
-from nodes.base import Context, Node, RepeatScope, State
+from nodes.base import Context, Node, ScopedContext, State
 from nodes.batch import BatchNode, unbatch_items
 from nodes.collate import default_collate, no_collate
 from nodes.combine import ConcatNode, MixNode, ZipNode
@@ -28,7 +28,7 @@ __all__ = [
     "Node",
     "PrefetchNode",
     "RepeatNode",
-    "RepeatScope",
+    "ScopedContext",
     "SequenceNode",
     "State",
     "TakeNode",

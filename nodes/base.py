@@ -67,16 +67,19 @@ class Context:
         )
 
 
-class RepeatScope(Context):
-    """A view of a parent context that adds a repetition round to every RNG key.
+class ScopedContext(Context):
+    """A view of a parent context that adds ``tag`` to every RNG key.
 
-    Nodes under a ``repeat()`` see a new random stream each round while rank,
-    epoch and seed still come from the parent.
+    Places in a graph that must draw different random streams get their own
+    scope: each branch of a combinator (so ``dp.zip(a.shuffle(), a.shuffle())``
+    shuffles its two branches independently), and each round of a
+    ``repeat()`` (the node bumps ``tag`` per round). Rank, epoch and seed
+    still come from the parent.
     """
 
-    def __init__(self, parent: Context) -> None:  # noqa: D107 - no super().__init__ on purpose
+    def __init__(self, parent: Context, tag: int = 0) -> None:
         self._parent = parent
-        self.round = 0
+        self.tag = tag
 
     rank = property(lambda self: self._parent.rank)
     world_size = property(lambda self: self._parent.world_size)
@@ -86,7 +89,7 @@ class RepeatScope(Context):
     seed = property(lambda self: self._parent.seed)
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
-        return self._parent.random_key(self.round, *parts, seed=seed)
+        return self._parent.random_key(self.tag, *parts, seed=seed)
 
 
 class Node(Iterator[T]):
@@ -100,7 +103,9 @@ class Node(Iterator[T]):
       raising it once the epoch is over).
     * ``state_dict()`` is the position after the last item returned: plain
       nested dicts/lists of str/int/float/bool/None, a fresh object each call.
-    * ``close()`` releases threads, files and processes; it is idempotent.
+    * ``close()`` releases threads, files and processes; it is idempotent,
+      ``state_dict()`` still answers after it, and a later ``reset`` makes the
+      node usable again (breaking out of a Loader loop closes the graph).
 
     ``__iter__`` may return a faster iterator (a chain of C iterators) that
     shares this node's position; it is valid until the next ``reset``. A

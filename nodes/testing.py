@@ -13,7 +13,8 @@ It checks exact resume at every position (or a spread of positions for long
 outputs) in two epochs, including a resume that then runs into the next
 epoch; that states are plain (``json`` and ``torch.load(weights_only=True)``
 round trips); that ``reset(None)`` restarts the epoch; that an exhausted node
-keeps raising ``StopIteration``; and that ``close()`` leaves no thread behind.
+keeps raising ``StopIteration``; that ``close()`` leaves no thread behind,
+keeps the position readable and allows a later ``reset``.
 """
 
 from __future__ import annotations
@@ -201,12 +202,15 @@ def check_node(
             state = first.state_dict()
             if not _all_same(reference[:k], head):
                 raise AssertionError(f"epoch {epoch}: first {k} items differ from the first run")
+            restored = roundtrip_state(state)
+            first.close()
+            if roundtrip_state(first.state_dict()) != restored:
+                raise AssertionError(f"epoch {epoch}: close() after {k} items changed the state")
             if k and k < len(reference):
                 first.reset(None)
                 if not _all_same(reference[: min(len(reference), 3)], run(first, 3)):
                     raise AssertionError(f"epoch {epoch}: reset(None) after {k} items: no restart")
-            first.close()
-            restored = roundtrip_state(state)
+                first.close()
 
             second = fresh(epoch)
             second.reset(restored)
@@ -228,6 +232,15 @@ def check_node(
                     )
             second.close()
             report.positions_checked += 1
+
+    reopened = fresh(0)
+    reopened.reset(None)
+    run(reopened, 3)
+    reopened.close()
+    reopened.reset(None)
+    if not _all_same(references[0], run(reopened)):
+        raise AssertionError("reset(None) after close() did not restart the epoch")
+    reopened.close()
 
     leftover = _new_threads(threads_before)
     if leftover:

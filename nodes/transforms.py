@@ -9,7 +9,7 @@ from typing import Any
 from nodes.base import (
     Node,
     NotReset,
-    RepeatScope,
+    ScopedContext,
     State,
     list_iterator_position,
     positioned_iterator,
@@ -138,12 +138,12 @@ class RepeatNode(Node):
     """Runs its upstream ``times`` times (forever when ``None``) within one epoch.
 
     Each round sees its own random stream (shuffles differ round to round)
-    through a :class:`RepeatScope`. A round that yields nothing ends the
+    through a :class:`ScopedContext`. A round that yields nothing ends the
     repetition, so an empty source never spins forever.
     State: the round number and upstream's position in it.
     """
 
-    def __init__(self, upstream: Node, scope: RepeatScope, times: int | None) -> None:
+    def __init__(self, upstream: Node, scope: ScopedContext, times: int | None) -> None:
         super().__init__(upstream)
         self._up = upstream
         self._scope = scope
@@ -153,7 +153,7 @@ class RepeatNode(Node):
     def reset(self, state: State | None = None) -> None:
         self._round = 0 if state is None else int(state["round"])
         self._yielded = False if state is None else bool(state["yielded"])
-        self._scope.round = self._round
+        self._scope.tag = self._round
         self._done = self._times is not None and self._round >= self._times
         self._up.reset(None if state is None else state["up"])
         self._src = iter(self._up)
@@ -168,7 +168,7 @@ class RepeatNode(Node):
                 break
             self._round += 1
             self._yielded = False
-            self._scope.round = self._round
+            self._scope.tag = self._round
             self._up.reset(None)
             self._src = iter(self._up)
         raise StopIteration
