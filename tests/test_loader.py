@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 import threading
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from subprocess_helpers import run_python
 from torch.distributed.checkpoint.stateful import Stateful
 
 import datapipes as dp
 from nodes.testing import roundtrip_state, same
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -200,20 +195,6 @@ RECIPE = (
 )
 
 
-def run_child(*args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "123"}
-    done = subprocess.run(
-        [sys.executable, "-c", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def test_resume_in_a_new_process(tmp_path):
     pipe = eval(RECIPE, {"dp": dp})
     reference = [[b.tolist() for b in e] for e in epochs(dp.Loader(pipe, seed=7), 2)]
@@ -223,7 +204,7 @@ def test_resume_in_a_new_process(tmp_path):
     torch.save(loader.state_dict(), tmp_path / "state.pt")
     loader.close()
 
-    rest, next_epoch = json.loads(run_child(CHILD, RECIPE, str(tmp_path / "state.pt"), "7"))
+    rest, next_epoch = json.loads(run_python(CHILD, RECIPE, str(tmp_path / "state.pt"), "7"))
     assert rest == reference[0][13:]
     assert next_epoch == reference[1]
 

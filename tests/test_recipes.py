@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 from collections import Counter
 from itertools import islice
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from subprocess_helpers import run_python
 
 import datapipes as dp
 from nodes.testing import roundtrip_state, same
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def is_even(x: int) -> bool:
@@ -111,18 +106,9 @@ FINGERPRINT = "print(dp.range(100).map(abs).shuffle(buffer_size=8, seed=1).batch
 
 @pytest.mark.parametrize("hash_seed", ["1", "2"])
 def test_fingerprint_is_the_same_in_another_process(hash_seed):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": hash_seed}
-    done = subprocess.run(
-        [sys.executable, "-c", "import datapipes as dp; " + FINGERPRINT],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    out = run_python("import datapipes as dp; " + FINGERPRINT, hash_seed=hash_seed)
     ours = dp.range(100).map(abs).shuffle(buffer_size=8, seed=1).batch(4).fingerprint()
-    assert done.stdout.strip() == ours
+    assert out.strip() == ours
 
 
 @pytest.mark.parametrize(
