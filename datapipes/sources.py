@@ -7,6 +7,7 @@ from typing import Any
 
 from datapipes.pipe import DataPipe
 from nodes import Context, IterableNode, Node, SequenceNode
+from nodes.sources import check_restartable, is_factory
 
 
 class SequenceSource(DataPipe[Any]):
@@ -74,13 +75,8 @@ class IterableSource(DataPipe[Any]):
     name = "from_iterable"
 
     def __init__(self, source: Iterable[Any] | Callable[[], Iterable[Any]]) -> None:
-        if hasattr(source, "__next__") and not hasattr(source, "load_state_dict"):
-            raise TypeError(
-                    f"from_iterable got a one-shot iterator ({type(source).__name__}): it cannot "
-                    "restart for a new epoch or a resume. Pass a re-iterable object (a list, a "
-                    "dataset) or a function returning a fresh iterable, e.g. "
-                    "dp.from_iterable(lambda: my_generator())."
-                )
+        if not is_factory(source):
+            check_restartable(source)
         super().__init__(args=(source,))
 
     def _build(self, ctx: Context) -> Node[Any]:

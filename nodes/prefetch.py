@@ -26,7 +26,8 @@ class PrefetchNode(Node):
     That costs one upstream ``state_dict()`` per item on the background
     thread, so place ``prefetch`` after ``batch`` when upstream states are
     large (a big shuffle buffer). An exception in the thread is re-raised in
-    the consumer with its original traceback. ``close()`` and ``reset()`` stop and join the thread.
+    the consumer with its original traceback. ``close()`` and ``reset()``
+    stop and join the thread.
     """
 
     def __init__(self, upstream: Node, depth: int = 2) -> None:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nodes.base import list_iterator_position, positioned_iterator
+
 _BLOCK = 1024
 _MASK64 = (1 << 64) - 1
 
@@ -49,13 +51,11 @@ class UniformStream:
     def seek(self, position: int) -> None:
         """Make the next draw the one at ``position``."""
         self._load(position // _BLOCK)
-        self._it.__setstate__(position % _BLOCK)
+        self._it = positioned_iterator(self._values, position % _BLOCK)
 
     def position(self) -> int:
         """How many draws have been taken."""
-        reduced = self._it.__reduce__()
-        offset = reduced[2] if len(reduced) > 2 else _BLOCK
-        return self._block * _BLOCK + offset
+        return self._block * _BLOCK + list_iterator_position(self._it, _BLOCK)
 
     def next(self) -> float:
         """The next float in [0, 1)."""

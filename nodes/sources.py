@@ -119,6 +119,22 @@ class SequenceNode(Node):
         return {"position": self.position()}
 
 
+def is_factory(source: Any) -> bool:
+    """Whether ``source`` is a zero-argument function that returns the iterable."""
+    return callable(source) and not hasattr(source, "__iter__")
+
+
+def check_restartable(source: Any) -> None:
+    """Reject a one-shot iterator: it cannot restart for a new epoch or a resume."""
+    if hasattr(source, "__next__") and not hasattr(source, "load_state_dict"):
+        raise TypeError(
+            f"from_iterable got a one-shot iterator ({type(source).__name__}): it cannot "
+            "restart for a new epoch or a resume. Pass a re-iterable object (a list, a "
+            "dataset) or a function returning a fresh iterable, e.g. "
+            "dp.from_iterable(lambda: my_generator())."
+        )
+
+
 class IterableNode(Node):
     """Yields the items of a re-iterable object, resuming as well as it allows.
 
@@ -143,45 +159,37 @@ class IterableNode(Node):
                 "consumers: every consumer would read every item. Use a random-access "
                 "source (dp.from_sequence) or shard the iterable explicitly."
             )
+        self._is_factory = is_factory(source)
+        if not self._is_factory:
+            check_restartable(source)
         self._source = source
         self._obj: Any = None
         self._initial_state: Any = None
         self._it: Iterator[Any] = NotReset(self)
         self._count = 0
 
-    def _object(self) -> Any:
+    def _open(self) -> Any:
+        """The object to iterate for this pass: the source, or a new one from its factory."""
+        obj = self._source() if self._is_factory else self._source
         if self._obj is None:
-            is_factory = callable(self._source) and not hasattr(self._source, "__iter__")
-            obj = self._source() if is_factory else self._source
-            # A factory may return a one-shot iterator: reset() calls it again for every pass.
-            self._factory_used = False if is_factory else None
-            if iter(obj) is obj and not hasattr(obj, "load_state_dict") and not is_factory:
-                raise TypeError(
-                    f"from_iterable got a one-shot iterator ({type(obj).__name__}); it cannot "
-                    "restart for a new epoch or a resume. Pass a re-iterable object, or a "
-                    "function that returns a fresh iterable each time it is called."
-                )
-            self._obj = obj
             self.stateful = hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
             if self.stateful:
                 self._initial_state = obj.state_dict()
-        return self._obj
+        self._obj = obj
+        return obj
 
     def reset(self, state: State | None = None) -> None:
-        obj = self._object()
+        # A stateful object keeps its own position, so it is opened once; anything else
+        # is iterated afresh (a factory called again) and replayed up to the position.
+        obj = self._obj if self._obj is not None and self.stateful else self._open()
         if self.stateful:
             obj.load_state_dict(self._initial_state if state is None else state["inner"])
             self._it = iter(obj)
             return
-        if self._factory_used:
-            obj = self._obj = self._source()  # type: ignore[operator]
-        if self._factory_used is not None:
-            self._factory_used = True
         self._count = 0 if state is None else int(state["count"])
         self._it = iter(obj)
         if self._count:
-            skipped = sum(1 for _ in islice(self._it, self._count))
-            self._count = skipped
+            self._count = sum(1 for _ in islice(self._it, self._count))
 
     def __next__(self) -> Any:
         item = next(self._it)

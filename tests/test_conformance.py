@@ -3,6 +3,7 @@ and proof that the kit catches nodes that break the contract."""
 
 from __future__ import annotations
 
+import textwrap
 import threading
 
 import numpy as np
@@ -319,21 +320,21 @@ def test_mix_node_with_a_zero_weight_input():
 # ----- a user-written node --------------------------------------------------------------
 
 
-class AddOne(Node):
-    """The example from the nodes.base docstring."""
+def _docstring_example(obj: object, marker: str) -> dict[str, object]:
+    """Run the indented code block that follows ``marker`` in ``obj.__doc__``."""
+    doc = obj.__doc__ or ""
+    lines = []
+    for line in doc[doc.index(marker) + len(marker) :].splitlines()[1:]:
+        if line.strip() and not line.startswith("        "):
+            break
+        lines.append(line)
+    namespace: dict[str, object] = {"Node": Node}
+    exec(textwrap.dedent("\n".join(lines)), namespace)
+    return namespace
 
-    def __init__(self, upstream: Node) -> None:
-        super().__init__(upstream)
-        self.upstream = upstream
 
-    def reset(self, state=None):
-        self.upstream.reset(state)
-
-    def __next__(self):
-        return next(self.upstream) + 1
-
-    def state_dict(self):
-        return self.upstream.state_dict()
+# The example from the Node docstring, run as written there.
+AddOne = _docstring_example(Node, "a node that adds one to every item::")["AddOne"]
 
 
 class RunningSum(Node):
