@@ -7,17 +7,23 @@
 """
 
 from datapipes.combine import concat, mix, zip
+from datapipes.files import FileList, files
 from datapipes.loader import Loader, StateMismatchError
 from datapipes.pipe import DataPipe
 from datapipes.sources import from_iterable, from_sequence, range
 from nodes.collate import default_collate, no_collate
+from nodes.errors import BadRecordError, BadRecordWarning
 
 __all__ = [
+    "BadRecordError",
+    "BadRecordWarning",
     "DataPipe",
+    "FileList",
     "Loader",
     "StateMismatchError",
     "concat",
     "default_collate",
+    "files",
     "from_iterable",
     "from_sequence",
     "mix",

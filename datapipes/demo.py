@@ -133,21 +133,35 @@ def run_demo(workdir: str | None = None, stop_after: int = 37) -> bool:
 
         result = folder / "resumed.json"
         subprocess.run(
-            [sys.executable, "-m", "datapipes", "demo", "--resume", str(checkpoint),
-             "--data", str(folder), "--out", str(result)],
+            [
+                sys.executable,
+                "-m",
+                "datapipes",
+                "demo",
+                "--resume",
+                str(checkpoint),
+                "--data",
+                str(folder),
+                "--out",
+                str(result),
+            ],
             check=True,
         )
         resumed = json.loads(result.read_text())
-        print(f"a new process resumed: {len(resumed['epoch1'])} more batches in epoch 1, "
-              f"{len(resumed['epoch2'])} in epoch 2")
+        print(
+            f"a new process resumed: {len(resumed['epoch1'])} more batches in epoch 1, "
+            f"{len(resumed['epoch2'])} in epoch 2"
+        )
 
         epoch_1_ok = seen + resumed["epoch1"] == epochs[1]
         epoch_2_ok = resumed["epoch2"] == epochs[2]
         ids = [i for b in epochs[1] for i in b]
         print(f"epoch 1: interrupted + resumed == uninterrupted: {epoch_1_ok}")
         print(f"epoch 2 after the resume == uninterrupted epoch 2: {epoch_2_ok}")
-        print(f"epoch 1 delivered {len(ids)} samples, {len(set(ids))} distinct "
-              f"(nothing lost or repeated: {len(ids) == len(set(ids))})")
+        print(
+            f"epoch 1 delivered {len(ids)} samples, {len(set(ids))} distinct "
+            f"(nothing lost or repeated: {len(ids) == len(set(ids))})"
+        )
         print(f"epochs 1 and 2 differ in order: {epochs[1] != epochs[2]}")
         ok = epoch_1_ok and epoch_2_ok and len(ids) == len(set(ids))
         print("RESULT: exact resume " + ("verified" if ok else "FAILED"))

@@ -9,6 +9,7 @@ from typing import Any
 from datapipes.pipe import DataPipe
 from datapipes.topology import resolve_rank
 from nodes import Context, Node
+from nodes.errors import ErrorPolicy
 
 STATE_VERSION = 1
 
@@ -103,6 +104,26 @@ class Loader:
         if self._run_id == run_id:
             self._running_epoch = None
 
+    def skipped(self) -> dict[str, int]:
+        """Bad records skipped so far in this epoch, per step with ``on_error="skip"``.
+
+        Keys are the steps (as in the recipe's ``repr``); counts survive a
+        checkpoint and resume, and start again at 0 with each epoch.
+
+        >>> import datapipes as dp
+        >>> loader = dp.Loader(dp.from_sequence([{"cls": b"1"}, {"cls": b"x"}])
+        ...                    .decode(on_error="skip"))
+        >>> import warnings; warnings.simplefilter("ignore")
+        >>> list(loader), loader.skipped()
+        ([{'cls': 1}], {"dp.from_sequence(<list of 2>).decode(on_error='skip')": 1})
+        """
+        counts: dict[str, int] = {}
+        for node in _walk(self._root):
+            policy = getattr(node, "errors", None)
+            if isinstance(policy, ErrorPolicy) and policy.skip:
+                counts[policy.step] = counts.get(policy.step, 0) + policy.count
+        return counts
+
     def close(self) -> None:
         """Stop background threads and release resources; the Loader can be iterated again.
 
@@ -173,6 +194,14 @@ class Loader:
                 f"this checkpoint was taken with seed={state['seed']}, this Loader has "
                 f"seed={self.seed}; the resumed order would differ. Pass seed={state['seed']}."
             )
+
+
+def _walk(node: Node[Any] | None) -> Iterator[Node[Any]]:
+    """Every node of a built graph, upstream ones included."""
+    if node is not None:
+        yield node
+        for upstream in node.inputs:
+            yield from _walk(upstream)
 
 
 def _explain_difference(saved: list[str], current: list[str]) -> str:

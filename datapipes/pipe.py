@@ -88,6 +88,7 @@ class DataPipe(Generic[T]):
     def __eq__(self, other: object) -> bool:
         return (
             type(other) is type(self)
+            and self.name == other.name  # type: ignore[attr-defined]
             and _identity(self.args) == _identity(other.args)  # type: ignore[attr-defined]
             and _identity(self.kwargs) == _identity(other.kwargs)  # type: ignore[attr-defined]
             and self.inputs == other.inputs  # type: ignore[attr-defined]
@@ -176,6 +177,36 @@ class DataPipe(Generic[T]):
         from datapipes.steps import Repeat
 
         return Repeat(self, times)
+
+    def decode(
+        self,
+        *,
+        image: str | None = "chw",
+        image_mode: str | None = "RGB",
+        decoders: dict[str, Callable[[bytes], Any] | None] | None = None,
+        on_error: str = "raise",
+    ) -> DataPipe[Any]:
+        """Decode the bytes fields of dict samples by extension (``read_tar``, ``read_bytes``).
+
+        Built in: ``json``, ``txt``/``text``, ``cls``/``index``/``id`` (int),
+        ``npy``, ``pth`` (``weights_only``), and images (``jpg``, ``png``,
+        ``webp``, ... through Pillow) as uint8 tensors laid out ``"chw"``
+        (default) or ``"hwc"``, or ``"pil"`` images; ``image=None`` leaves
+        images as bytes. ``decoders`` adds or overrides decoders by extension
+        or full field name (``{"seg.png": my_fn, "txt": None}``). A field that
+        fails to decode raises an error naming the URL, key and field, or
+        with ``on_error="skip"`` drops the sample and counts it.
+
+        >>> import datapipes as dp
+        >>> sample = {"__key__": "a", "cls": b"3", "json": b'{"x": 1}'}
+        >>> list(dp.Loader(dp.from_sequence([sample]).decode()))
+        [{'__key__': 'a', 'cls': 3, 'json': {'x': 1}}]
+        """
+        from datapipes.steps import Decode
+
+        return Decode(
+            self, image=image, image_mode=image_mode, decoders=decoders, on_error=on_error
+        )
 
     def prefetch(self, depth: int = 2) -> DataPipe[T]:
         """Compute up to ``depth`` items ahead on a background thread."""

@@ -22,6 +22,8 @@ from nodes import (
     default_collate,
     unbatch_items,
 )
+from nodes.decode import DecodeNode, SampleDecoder, default_decoders
+from nodes.errors import ErrorPolicy, check_on_error
 
 
 def _positive(name: str, value: int) -> int:
@@ -185,3 +187,42 @@ class Prefetch(DataPipe[Any]):
 
     def _build(self, ctx: Context) -> Node[Any]:
         return PrefetchNode(self.inputs[0].build(ctx), self.args[0])
+
+
+class Decode(DataPipe[Any]):
+    """Dict samples with their bytes fields decoded by extension."""
+
+    name = "decode"
+
+    def __init__(
+        self,
+        upstream: DataPipe[Any],
+        *,
+        image: str | None,
+        image_mode: str | None,
+        decoders: dict[str, Callable[[bytes], Any] | None] | None,
+        on_error: str,
+    ) -> None:
+        check_on_error(on_error)
+        default_decoders(image, image_mode)  # validates image and image_mode now
+        kwargs: dict[str, Any] = {}
+        if image != "chw":
+            kwargs["image"] = image
+        if image_mode != "RGB":
+            kwargs["image_mode"] = image_mode
+        if decoders:
+            for field, fn in decoders.items():
+                if fn is not None:
+                    _callable(f"decode decoder for {field!r},", fn)
+            kwargs["decoders"] = dict(decoders)
+        if on_error != "raise":
+            kwargs["on_error"] = on_error
+        super().__init__(upstream, **kwargs)
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        decoders = default_decoders(
+            self.kwargs.get("image", "chw"), self.kwargs.get("image_mode", "RGB")
+        )
+        decoders.update(self.kwargs.get("decoders", {}))
+        errors = ErrorPolicy(self.kwargs.get("on_error", "raise"), repr(self))
+        return DecodeNode(self.inputs[0].build(ctx), SampleDecoder(decoders, errors))

@@ -137,9 +137,7 @@ class MixNode(Node):
         self._reweigh()
 
     def _reweigh(self) -> None:
-        self._active = [
-            i for i, w in enumerate(self._weights) if w > 0 and not self._exhausted[i]
-        ]
+        self._active = [i for i, w in enumerate(self._weights) if w > 0 and not self._exhausted[i]]
         self._cumulative = list(accumulate(self._weights[i] for i in self._active))
 
     def __next__(self) -> Any:

@@ -1,0 +1,232 @@
+"""File sources and readers: ``dp.files(...)`` and its ``read_*`` steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from datapipes.pipe import DataPipe
+from nodes import Context, Node
+from nodes.errors import check_on_error
+from nodes.files import DEFAULT_BLOCK_SIZE, FileListNode, FileSet
+from nodes.readers import (
+    BytesFormat,
+    CsvFormat,
+    FileReaderNode,
+    JsonLinesFormat,
+    LineFormat,
+    NpyFormat,
+    RecordFormat,
+    TarFormat,
+)
+
+_SECRET_WORDS = ("secret", "token", "password", "key", "credential", "auth")
+
+
+def _masked(options: dict[str, Any]) -> dict[str, Any]:
+    """Storage options for ``repr``: credentials are never printed or fingerprinted."""
+    return {
+        name: "***" if any(word in name.lower() for word in _SECRET_WORDS) else value
+        for name, value in options.items()
+    }
+
+
+class FileList(DataPipe[str]):
+    """A list of files: iterate it for this consumer's URLs, or chain a ``read_*`` step.
+
+    Every reader deals whole files to consumers when there are at least as
+    many files as consumers, and splits files otherwise (byte ranges aligned
+    to records for text, row ranges for arrays, samples for tar). Each has an
+    ``on_error`` argument: ``"raise"`` (default) stops at a bad record with
+    an error naming the file and the position; ``"skip"`` skips it, warns
+    once and counts it (see :meth:`datapipes.Loader.skipped`).
+    """
+
+    def file_set(
+        self, ctx: Context, shuffle_key: list[int] | None = None, shuffle_seed: int | None = None
+    ) -> FileSet:
+        """The runtime file set (listed lazily), in a shuffled order when ``shuffle_key`` is set."""
+        raise NotImplementedError
+
+    def _build(self, ctx: Context) -> Node[str]:
+        return FileListNode(self.file_set(ctx), ctx)
+
+    def _read(self, fmt: type[RecordFormat], on_error: str, **options: Any) -> DataPipe[Any]:
+        return Read(self, fmt, on_error=on_error, **options)
+
+    def shuffle(self, buffer_size: int | None = None, *, seed: int | None = None) -> DataPipe[Any]:
+        """Shuffle the file order every epoch (before the files are dealt to consumers).
+
+        The permutation is the same on every rank and worker (it depends on
+        the Loader's seed, the epoch and this step), so consumers still split
+        the files exactly. Shuffle records too with a buffer after reading:
+        ``dp.files(...).shuffle().read_jsonl().shuffle(10_000)``.
+        """
+        if buffer_size is not None:
+            raise ValueError(
+                "a file list is shuffled whole: call .shuffle() without buffer_size, and "
+                "shuffle records with .read_...().shuffle(buffer_size)"
+            )
+        return ShuffledFiles(self, seed=seed)
+
+    def read_bytes(self, *, on_error: str = "raise") -> DataPipe[dict[str, Any]]:
+        """One sample per file: ``{"__url__", "__key__", <extension>: bytes}`` (see ``decode``)."""
+        return self._read(BytesFormat, on_error)
+
+    def read_lines(
+        self, *, encoding: str = "utf-8", on_error: str = "raise", block_size: int = 1 << 20
+    ) -> DataPipe[str]:
+        """One ``str`` per line, without its line ending."""
+        return self._read(LineFormat, on_error, encoding=encoding, block_size=block_size)
+
+    def read_jsonl(self, *, on_error: str = "raise", block_size: int = 1 << 20) -> DataPipe[Any]:
+        """One JSON value per line (blank lines are ignored).
+
+        Lines are decoded a block (about ``block_size`` bytes) at a time; a
+        malformed line raises an error naming the file, the line and its byte
+        offset, after the good lines before it have been returned.
+        """
+        return self._read(JsonLinesFormat, on_error, block_size=block_size)
+
+    def read_csv(
+        self,
+        *,
+        encoding: str = "utf-8",
+        on_error: str = "raise",
+        block_size: int = 1 << 20,
+        **fmtparams: Any,
+    ) -> DataPipe[dict[str, str]]:
+        """One ``dict`` per row keyed by the header row (``fmtparams`` go to :mod:`csv`).
+
+        Values are strings; convert them with ``.map``. Splitting one file
+        among several consumers needs rows without quoted line breaks.
+        """
+        return self._read(
+            CsvFormat, on_error, encoding=encoding, block_size=block_size, **fmtparams
+        )
+
+    def read_npy(self, *, rows: bool = True, on_error: str = "raise") -> DataPipe[Any]:
+        """Rows of ``.npy`` arrays (``.npz``: a dict of member rows); ``rows=False``: whole files.
+
+        By rows, resume seeks to the row and a file is split among consumers
+        by row ranges.
+        """
+        return self._read(NpyFormat, on_error, rows=rows)
+
+    def read_tar(self, *, on_error: str = "raise") -> DataPipe[dict[str, Any]]:
+        """Samples of tar shards, webdataset style: members grouped by key.
+
+        Each sample is ``{"__key__", "__url__", <field>: bytes, ...}``; chain
+        ``.decode()`` to turn fields into objects. Resume seeks to the sample's
+        first header.
+        """
+        return self._read(TarFormat, on_error)
+
+
+class Files(FileList):
+    """The files named by URLs, globs and brace ranges (see :func:`files`)."""
+
+    name = "files"
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        retries: int,
+        block_size: int,
+        storage_options: dict[str, Any],
+    ) -> None:
+        if not isinstance(urls, str):
+            urls = tuple(urls)
+        if not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        kwargs: dict[str, Any] = dict(_masked(storage_options))
+        if retries != 3:
+            kwargs["retries"] = retries
+        if block_size != DEFAULT_BLOCK_SIZE:
+            kwargs["block_size"] = block_size
+        super().__init__(args=(urls,), **kwargs)
+        object.__setattr__(self, "_options", dict(storage_options))
+        object.__setattr__(self, "_retries", retries)
+        object.__setattr__(self, "_block_size", block_size)
+
+    def file_set(
+        self, ctx: Context, shuffle_key: list[int] | None = None, shuffle_seed: int | None = None
+    ) -> FileSet:
+        return FileSet(
+            self.args[0],
+            self._options,  # type: ignore[attr-defined]
+            shuffle_key=shuffle_key,
+            shuffle_seed=shuffle_seed,
+            retries=self._retries,  # type: ignore[attr-defined]
+            block_size=self._block_size,  # type: ignore[attr-defined]
+        )
+
+
+class ShuffledFiles(FileList):
+    """A file list in a new order every epoch, the same order on every consumer."""
+
+    name = "shuffle"
+
+    def __init__(self, upstream: FileList, *, seed: int | None) -> None:
+        super().__init__(upstream, **({} if seed is None else {"seed": seed}))
+
+    def file_set(
+        self, ctx: Context, shuffle_key: list[int] | None = None, shuffle_seed: int | None = None
+    ) -> FileSet:
+        return self.inputs[0].file_set(  # type: ignore[attr-defined]
+            ctx, shuffle_key=[self._key()], shuffle_seed=self.kwargs.get("seed")
+        )
+
+
+class Read(DataPipe[Any]):
+    """The records of a file list, read with one format."""
+
+    def __init__(
+        self, upstream: FileList, fmt: type[RecordFormat], *, on_error: str, **options: Any
+    ) -> None:
+        check_on_error(on_error)
+        kwargs = dict(options)
+        if on_error != "raise":
+            kwargs["on_error"] = on_error
+        super().__init__(upstream, **kwargs)
+        object.__setattr__(self, "name", fmt.name)
+        object.__setattr__(self, "_format", fmt)
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_on_error", on_error)
+
+    def _own_args(self) -> str:
+        defaults = {"block_size": 1 << 20, "encoding": "utf-8", "rows": True}
+        shown = {k: v for k, v in self.kwargs.items() if defaults.get(k, object()) != v}
+        return ", ".join(f"{k}={v!r}" for k, v in shown.items())
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        files = self.inputs[0].file_set(ctx)  # type: ignore[attr-defined]
+        fmt = self._format(**self._options)  # type: ignore[attr-defined]
+        on_error = self._on_error  # type: ignore[attr-defined]
+        return FileReaderNode(files, fmt, ctx, on_error=on_error, step=repr(self))
+
+
+def files(
+    urls: str | Sequence[str],
+    *,
+    retries: int = 3,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    **storage_options: Any,
+) -> FileList:
+    """Files from any fsspec URL: a path, a list, a glob, or brace ranges.
+
+    ``"data/train-*.jsonl"``, ``"s3://bucket/x/*.tar"``,
+    ``"https://host/shard-{00000..00127}.tar"`` all work; the listing is
+    sorted, so every process sees the same order. ``storage_options`` go to
+    the filesystem (credentials are masked in ``repr``). A read that fails
+    with a transient error (network, 5xx, timeout) is retried ``retries``
+    times with back-off. Chain ``.shuffle()`` to reorder files each epoch and
+    a ``read_*`` step to get records::
+
+        dp.files("data/train-*.jsonl").shuffle().read_jsonl().shuffle(10_000)
+
+    Compressed files (``.gz``, ``.bz2``, ``.xz``, ``.zst`` with ``zstandard``)
+    are decompressed transparently.
+    """
+    return Files(urls, retries=retries, block_size=block_size, storage_options=storage_options)

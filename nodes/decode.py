@@ -1,0 +1,181 @@
+"""Decoding sample fields by extension: JSON, text, labels, arrays, images, user decoders."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
+from operator import is_not
+from typing import Any
+
+import numpy as np
+import torch
+
+from nodes.base import Node, NotReset, State
+from nodes.errors import BadRecordError, ErrorPolicy
+
+Decoder = Callable[[bytes], Any]
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "ppm", "pgm", "tif", "tiff")
+IMAGE_LAYOUTS = ("chw", "hwc", "pil")
+
+_SKIP = object()
+
+
+def decode_text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+def decode_int(data: bytes) -> int:
+    return int(data.decode("ascii").strip())
+
+
+def decode_npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def decode_torch(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def image_decoder(layout: str = "chw", mode: str | None = "RGB") -> Decoder:
+    """A decoder from image bytes to a uint8 tensor (``"chw"``/``"hwc"``) or a PIL image.
+
+    ``mode`` converts the image (``"RGB"``, ``"L"``, ...); ``None`` keeps the
+    file's own mode. Needs Pillow (``pip install pillow``).
+    """
+    if layout not in IMAGE_LAYOUTS:
+        raise ValueError(f"image layout must be one of {IMAGE_LAYOUTS}, got {layout!r}")
+    try:
+        from PIL import Image
+    except ImportError as error:
+        raise ImportError(
+            "decoding images needs Pillow: pip install 'datapipes-torch[images]' (or pillow), "
+            "or pass image=None to leave image fields as bytes"
+        ) from error
+
+    def decode(data: bytes) -> Any:
+        with Image.open(io.BytesIO(data)) as opened:
+            image = opened.convert(mode) if mode is not None and opened.mode != mode else opened
+            image.load()
+            if layout == "pil":
+                return image.copy() if image is opened else image
+            array = np.array(image)
+        tensor = torch.from_numpy(array if array.ndim == 3 else array[:, :, None])
+        return tensor.permute(2, 0, 1).contiguous() if layout == "chw" else tensor
+
+    return decode
+
+
+def default_decoders(image: str | None = "chw", image_mode: str | None = "RGB") -> dict[str, Any]:
+    """The built-in decoders by extension (``image=None`` leaves images as bytes)."""
+    decoders: dict[str, Any] = {
+        "json": json.loads,
+        "jsn": json.loads,
+        "txt": decode_text,
+        "text": decode_text,
+        "cls": decode_int,
+        "cls2": decode_int,
+        "index": decode_int,
+        "id": decode_int,
+        "npy": decode_npy,
+        "pth": decode_torch,
+    }
+    if image is not None:
+        decode_image = _LazyImageDecoder(image, image_mode)
+        decoders.update(dict.fromkeys(IMAGE_EXTENSIONS, decode_image))
+    return decoders
+
+
+class _LazyImageDecoder:
+    """Builds the Pillow decoder on first use, so samples without images never need Pillow."""
+
+    def __init__(self, layout: str, mode: str | None) -> None:
+        if layout not in IMAGE_LAYOUTS:
+            raise ValueError(f"image must be one of {IMAGE_LAYOUTS} or None, got {layout!r}")
+        self.layout, self.mode = layout, mode
+        self._decode: Decoder | None = None
+
+    def __call__(self, data: bytes) -> Any:
+        if self._decode is None:
+            self._decode = image_decoder(self.layout, self.mode)
+        return self._decode(data)
+
+
+class SampleDecoder:
+    """Decodes every field of a sample dict whose extension has a decoder.
+
+    A field ``"seg.png"`` is looked up as ``"seg.png"`` first, then by its
+    last extension ``"png"``. Fields starting with ``"__"`` (``__key__``,
+    ``__url__``) and fields without a decoder are left as they are; a decoder
+    mapped to ``None`` turns decoding of that extension off.
+    """
+
+    def __init__(self, decoders: Mapping[str, Decoder | None], errors: ErrorPolicy) -> None:
+        self.decoders = dict(decoders)
+        self.errors = errors
+        self._lookup: dict[str, Decoder | None] = {}
+
+    def _decoder_for(self, field: str) -> Decoder | None:
+        found = self._lookup.get(field, _SKIP)
+        if found is _SKIP:
+            found = self.decoders.get(field, self.decoders.get(field.rsplit(".", 1)[-1]))
+            if field.startswith("__"):
+                found = None
+            self._lookup[field] = found
+        return found  # type: ignore[return-value]
+
+    def __call__(self, sample: Any) -> Any:
+        if not isinstance(sample, dict):
+            raise TypeError(
+                f"decode() works on dict samples (from read_tar, read_bytes, ...), got "
+                f"{type(sample).__name__}; use .map(fn) to decode other items"
+            )
+        out = dict(sample)
+        for field, value in sample.items():
+            decode = self._decoder_for(field)
+            if decode is None or not isinstance(value, bytes | bytearray | memoryview):
+                continue
+            try:
+                out[field] = decode(value)
+            except Exception as cause:  # noqa: BLE001 - any decoder failure is a bad record
+                error = BadRecordError(
+                    str(sample.get("__url__", "<no __url__>")),
+                    f"sample {sample.get('__key__')!r}, field {field!r}",
+                    f"cannot decode: {type(cause).__name__}: {cause}",
+                )
+                if not self.errors.skip:
+                    raise error from cause
+                self.errors.handle(error)
+                return _SKIP
+        return out
+
+
+class DecodeNode(Node):
+    """Applies a :class:`SampleDecoder` to every sample; bad ones raise or are skipped.
+
+    State: upstream's state and the number of samples skipped so far.
+    """
+
+    def __init__(self, upstream: Node, decoder: SampleDecoder) -> None:
+        super().__init__(upstream)
+        self._up = upstream
+        self._decoder = decoder
+        self.errors = decoder.errors
+        self._it: Iterator[Any] = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        self._up.reset(None if state is None else state["up"])
+        self.errors.count = 0 if state is None else int(state["skipped"])
+        decoded = map(self._decoder, iter(self._up))
+        self._it = filter(partial(is_not, _SKIP), decoded) if self.errors.skip else decoded
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def state_dict(self) -> State:
+        return {"up": self._up.state_dict(), "skipped": self.errors.count}

@@ -1,0 +1,65 @@
+"""Bad input: the error that names where it happened, and the raise-or-skip policy."""
+
+from __future__ import annotations
+
+import warnings
+
+ON_ERROR_CHOICES = ("raise", "skip")
+
+
+class BadRecordError(ValueError):
+    """A record could not be read or decoded.
+
+    ``url`` is the file, ``where`` the place in it (``"line 17"``,
+    ``"byte offset 4096"``, ``"member 'a.jpg' at byte offset 1024"``) and
+    ``reason`` what was wrong. Pass ``on_error="skip"`` to the reader or
+    decoder to skip such records instead; they are counted.
+    """
+
+    def __init__(self, url: str, where: str, reason: str) -> None:
+        self.url, self.where, self.reason = url, where, reason
+        super().__init__(f"{url}, {where}: {reason}")
+
+
+def check_on_error(value: str) -> str:
+    """Validate an ``on_error`` argument."""
+    if value not in ON_ERROR_CHOICES:
+        raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, got {value!r}")
+    return value
+
+
+class ErrorPolicy:
+    """What a reader or decoder does with a bad record: raise it, or skip and count it.
+
+    Skips are never silent: the first one of a step is reported with
+    :func:`warnings.warn`, every one is counted in ``count`` (which is part of
+    the step's state, so it survives a resume), and the first few messages
+    are kept in ``examples``.
+    """
+
+    MAX_EXAMPLES = 5
+
+    def __init__(self, on_error: str, step: str) -> None:
+        self.skip = check_on_error(on_error) == "skip"
+        self.step = step
+        self.count = 0
+        self.examples: list[str] = []
+
+    def handle(self, error: Exception) -> None:
+        """Raise ``error`` (a bad record, a missing file), or count it and warn about the first."""
+        if not self.skip:
+            raise error
+        self.count += 1
+        if len(self.examples) < self.MAX_EXAMPLES:
+            self.examples.append(str(error))
+        if self.count == 1:
+            warnings.warn(
+                f"{self.step}: skipping a bad record ({error}); further skips are counted "
+                "silently, see Loader.skipped()",
+                BadRecordWarning,
+                stacklevel=2,
+            )
+
+
+class BadRecordWarning(UserWarning):
+    """The first bad record a step skipped under ``on_error="skip"``."""

@@ -1,0 +1,142 @@
+"""A listing of files and how it is dealt to consumers, whole or split inside files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
+from nodes.rng import IndexPermutation
+from nodes.storage import SourceFile, list_files, listing_digest
+
+DEFAULT_BLOCK_SIZE = 1 << 20
+
+
+class FileSet:
+    """The files a recipe names, listed once per process on first use.
+
+    ``urls`` is a URL, a glob or a brace pattern (or a list of them), read
+    through fsspec with ``storage_options``. ``shuffle_key`` (with
+    ``shuffle_seed``) reorders the files every epoch with a permutation that
+    every rank and worker computes identically.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        storage_options: dict[str, Any],
+        *,
+        shuffle_key: list[int] | None = None,
+        shuffle_seed: int | None = None,
+        retries: int = 3,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> None:
+        self.patterns = urls
+        self.storage_options = storage_options
+        self.shuffle_key = shuffle_key
+        self.shuffle_seed = shuffle_seed
+        self.retries = retries
+        self.block_size = block_size
+        self._urls: list[str] | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        """The sorted listing."""
+        if self._urls is None:
+            self._urls = list_files(self.patterns, self.storage_options)
+        return self._urls
+
+    def source(self, index: int) -> SourceFile:
+        """File ``index`` of the listing, ready to open."""
+        return SourceFile(self.urls[index], self.storage_options, self.retries, self.block_size)
+
+    def order(self, ctx: Context) -> list[int]:
+        """The listing's indices in this epoch's order (the same on every consumer)."""
+        n = len(self.urls)
+        if self.shuffle_key is None:
+            return list(range(n))
+        permutation = IndexPermutation(n, ctx.random_key(*self.shuffle_key, seed=self.shuffle_seed))
+        return permutation.apply(np.arange(n, dtype=np.int64)).tolist()
+
+    def check_state(self, state: State) -> None:
+        """Refuse a state taken over a different listing: its positions would be wrong."""
+        saved = state.get("listing")
+        ours = self.listing_state()
+        if saved is not None and saved != ours:
+            raise ValueError(
+                f"the files changed since this state was taken: it was taken over "
+                f"{saved['files']} files (digest {saved['digest']}), {self.patterns!r} now "
+                f"lists {ours['files']} (digest {ours['digest']}). Resume needs the same files."
+            )
+
+    def listing_state(self) -> State:
+        return {"files": len(self.urls), "digest": listing_digest(self.urls)}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A piece of work: part ``part`` of ``parts`` of file ``file`` (an index into the listing)."""
+
+    file: int
+    part: int = 0
+    parts: int = 1
+
+
+def plan_units(order: list[int], ctx: Context, splittable: bool) -> list[Unit]:
+    """This consumer's units of work, so that every record reaches exactly one consumer.
+
+    With at least as many files as consumers (or a format that cannot split a
+    file) consumer ``c`` of ``C`` gets whole files ``order[c], order[c + C], ...``.
+    With fewer files, every file is split into parts (file ``k`` of ``F`` into
+    ``C // F`` parts, one more for the first ``C % F``) so that each consumer
+    gets exactly one part and none reads a whole file the others also read.
+
+    >>> ctx = Context(rank=1, world_size=3)
+    >>> plan_units([0, 1], ctx, splittable=True)
+    [Unit(file=0, part=1, parts=2)]
+    """
+    consumers, me = ctx.num_consumers, ctx.consumer_index
+    if len(order) >= consumers or not splittable:
+        return [Unit(file) for file in order[me::consumers]]
+    base, extra = divmod(consumers, len(order))
+    units = [
+        Unit(file, part, base + (k < extra))
+        for k, file in enumerate(order)
+        for part in range(base + (k < extra))
+    ]
+    return [units[me]]
+
+
+class FileListNode(Node):
+    """Yields the URLs of this consumer's files (whole files), in this epoch's order.
+
+    State: ``{"position": k, "listing": ...}``; resume is O(1).
+    """
+
+    def __init__(self, files: FileSet, ctx: Context) -> None:
+        super().__init__()
+        self._files = files
+        self._ctx = ctx
+        self._it: Iterator[str] = NotReset(self)
+        self._mine: list[str] = []
+
+    def reset(self, state: State | None = None) -> None:
+        if state is not None:
+            self._files.check_state(state)
+        urls = self._files.urls
+        units = plan_units(self._files.order(self._ctx), self._ctx, splittable=False)
+        self._mine = [urls[unit.file] for unit in units]
+        self._it = positioned_iterator(self._mine, 0 if state is None else state["position"])
+
+    def __next__(self) -> str:
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[str]:
+        return self._it
+
+    def state_dict(self) -> State:
+        position = list_iterator_position(self._it, len(self._mine))
+        return {"position": position, "listing": self._files.listing_state()}

@@ -1,0 +1,18 @@
+"""File readers: a node that deals file parts to consumers, and one format per file type."""
+
+from nodes.readers.lines import CsvFormat, JsonLinesFormat, LineFormat
+from nodes.readers.npy import NpyFormat
+from nodes.readers.raw import BytesFormat
+from nodes.readers.reader import FileReaderNode, RecordFormat
+from nodes.readers.tar import TarFormat
+
+__all__ = [
+    "BytesFormat",
+    "CsvFormat",
+    "FileReaderNode",
+    "JsonLinesFormat",
+    "LineFormat",
+    "NpyFormat",
+    "RecordFormat",
+    "TarFormat",
+]

@@ -1,0 +1,300 @@
+"""Line-based text formats: plain lines, JSON lines and CSV.
+
+A file (or a consumer's byte range of it) is read in blocks of about
+``block_size`` bytes, each cut after its last complete record, so a block
+is defined by its start offset alone. The cursor is
+``[byte offset, line number or -1, block number]``; resume seeks to the
+offset and re-reads one block.
+
+Splitting a file among consumers: an uncompressed file is divided into
+byte ranges, each aligned to the next record start, and a record belongs to
+the range its first byte falls in. A compressed file cannot seek, so every
+consumer decompresses it and keeps every ``parts``-th block.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from nodes.errors import BadRecordError, ErrorPolicy
+from nodes.readers.reader import Cursor, RecordFormat
+from nodes.storage import SourceFile
+
+_UNBOUNDED = float("inf")
+
+
+def read_full(f: Any, size: int) -> bytes:
+    """Read ``size`` bytes, or fewer only at the end of the file."""
+    data = f.read(size)
+    if len(data) < size and data:
+        parts = [data]
+        got = len(data)
+        while got < size:
+            more = f.read(size - got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
+    return data
+
+
+class LineFormat(RecordFormat):
+    """One record per line of text (``str``, without the line ending)."""
+
+    name = "read_lines"
+
+    def __init__(self, encoding: str = "utf-8", block_size: int = 1 << 20) -> None:
+        self.encoding = encoding
+        self.block_size = block_size
+
+    # ----- hooks for the formats built on lines ---------------------------------
+    def prepare(self, source: SourceFile) -> tuple[int, int, Any]:
+        """``(data offset, lines before it, per-file metadata)``; CSV reads its header here."""
+        return 0, 0, None
+
+    def block_end(self, buf: bytes) -> int:
+        """Where the last complete record in ``buf`` ends (0: none ends in it)."""
+        return buf.rfind(b"\n") + 1
+
+    def record_end(self, buf: bytes, start: int) -> int:
+        """The end of the record that holds byte ``start`` (0: it does not end in ``buf``)."""
+        return buf.find(b"\n", start) + 1
+
+    def decode_records(self, chunk: bytes, meta: Any) -> list[Any]:
+        """All records of a chunk of complete records; raises if any is bad (fast path)."""
+        text = chunk.decode(self.encoding)
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        if "\r" in text:
+            lines = [line.removesuffix("\r") for line in lines]
+        return lines
+
+    def decode_slowly(
+        self, chunk: bytes, meta: Any
+    ) -> Iterator[tuple[int, int, Callable[[], Any] | None]]:
+        """Per record: (byte offset in chunk, line offset in chunk, a call that decodes it).
+
+        ``None`` instead of the call marks a line to ignore (a blank JSON line).
+        """
+        position = 0
+        for i, line in enumerate(chunk.split(b"\n")):
+            if position == len(chunk):
+                return
+            decode = None if self.ignores(line) else (lambda line=line: self.decode_one(line, meta))
+            yield position, i, decode
+            position += len(line) + 1
+
+    def ignores(self, line: bytes) -> bool:
+        """Whether a line holds no record (only JSON lines ignore blank lines)."""
+        return False
+
+    def decode_one(self, line: bytes, meta: Any) -> Any:
+        return line.decode(self.encoding).removesuffix("\r")
+
+    # ----- blocks ------------------------------------------------------------
+    def blocks(
+        self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
+    ) -> Iterator[tuple[list[Any], Cursor]]:
+        by_range = parts > 1 and source.seekable
+        data_start, header_lines, meta = self.prepare(source)
+        span = (source.size() - data_start) if by_range else 0
+        end = data_start + (part + 1) * span // parts if by_range else _UNBOUNDED
+        if cursor is not None:
+            offset, line, block_no = cursor
+        elif by_range and part > 0:
+            offset, line, block_no = self._align(source, data_start + part * span // parts), -1, 0
+        else:
+            offset, line, block_no = data_start, header_lines + 1, 0
+        if offset >= end:
+            return
+        interleaved = parts > 1 and not by_range
+        with source.open(offset) as f:
+            leftover = b""
+            while True:
+                chunk, leftover, last = self._next_chunk(f, leftover, offset, end)
+                lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+                after = (
+                    None
+                    if last
+                    else [offset + len(chunk), line + lines if line > 0 else -1, block_no + 1]
+                )
+                if not interleaved or block_no % parts == part:
+                    records, bad = self._decode(chunk, offset, line, meta, source.url, errors)
+                    if bad is not None:
+                        # Resuming from here meets the same error again.
+                        yield records, [bad[1], bad[2], block_no]
+                        raise bad[0]
+                    yield records, after
+                if after is None:
+                    return
+                offset, line, block_no = after
+
+    def _align(self, source: SourceFile, start: int) -> int:
+        """The first record start at or after ``start`` (just after a line break)."""
+        with source.open(start - 1) as f:
+            position = start - 1
+            while True:
+                data = f.read(1 << 16)
+                if not data:
+                    return position
+                found = data.find(b"\n")
+                if found >= 0:
+                    return position + found + 1
+                position += len(data)
+
+    def _next_chunk(
+        self, f: Any, leftover: bytes, offset: int, end: float
+    ) -> tuple[bytes, bytes, bool]:
+        """The block at ``offset``: ``block_size`` bytes cut after the last whole record."""
+        data = leftover + read_full(f, self.block_size - len(leftover))
+        at_eof = len(data) < self.block_size
+        cut = len(data) if at_eof else self.block_end(data)
+        while cut == 0:  # one record longer than a block: read on to its end
+            more = read_full(f, self.block_size)
+            data += more
+            at_eof = len(more) < self.block_size
+            cut = len(data) if at_eof else self.block_end(data)
+        chunk, leftover = data[:cut], data[cut:]
+        if offset + len(chunk) >= end:  # keep only the records that start before `end`
+            stop = self.record_end(chunk, int(end - offset) - 1)
+            return (chunk[:stop] if stop else chunk), b"", True
+        return chunk, leftover, at_eof and not leftover
+
+    def _decode(
+        self, chunk: bytes, offset: int, line: int, meta: Any, url: str, errors: ErrorPolicy
+    ) -> tuple[list[Any], tuple[BadRecordError, int, int] | None]:
+        """The chunk's records; a bad one is skipped, or returned (with its place) to raise."""
+        try:
+            return self.decode_records(chunk, meta), None
+        except (ValueError, UnicodeDecodeError, csv.Error):
+            pass
+        records: list[Any] = []
+        for at, line_offset, decode in self.decode_slowly(chunk, meta):
+            if decode is None:
+                continue
+            try:
+                records.append(decode())
+            except (ValueError, UnicodeDecodeError, csv.Error) as cause:
+                where = f"byte offset {offset + at}"
+                if line > 0:
+                    where = f"line {line + line_offset} ({where})"
+                error = BadRecordError(url, where, f"{type(cause).__name__}: {cause}")
+                if not errors.skip:
+                    return records, (error, offset + at, line + line_offset if line > 0 else -1)
+                errors.handle(error)
+        return records, None
+
+
+class JsonLinesFormat(LineFormat):
+    """One JSON value per line; blank lines are ignored."""
+
+    name = "read_jsonl"
+
+    def __init__(self, block_size: int = 1 << 20, loads: Callable[[str], Any] = json.loads) -> None:
+        super().__init__("utf-8", block_size)
+        self.loads = loads
+
+    def decode_records(self, chunk: bytes, meta: Any) -> list[Any]:
+        lines = chunk.decode().split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        return list(map(self.loads, lines))
+
+    def ignores(self, line: bytes) -> bool:
+        return not line.strip()
+
+    def decode_one(self, line: bytes, meta: Any) -> Any:
+        return self.loads(line.decode())
+
+
+class CsvFormat(LineFormat):
+    """One ``dict`` per CSV row, keyed by the header row; values are strings.
+
+    Quoted fields may hold line breaks. A row with a different number of
+    fields than the header is a bad record. Splitting one file among several
+    consumers cuts it at line breaks, so it needs rows without quoted line
+    breaks; files dealt whole have no such limit.
+    """
+
+    name = "read_csv"
+
+    def __init__(
+        self, encoding: str = "utf-8", block_size: int = 1 << 20, **fmtparams: Any
+    ) -> None:
+        super().__init__(encoding, block_size)
+        self.fmtparams = fmtparams
+
+    def prepare(self, source: SourceFile) -> tuple[int, int, Any]:
+        with source.open(0) as f:
+            data = b""
+            while True:
+                more = f.read(1 << 16)
+                data += more
+                end = self.record_end(data, 0)
+                if end or not more:
+                    break
+        head = data[: end or len(data)]
+        header = next(
+            csv.reader(io.StringIO(head.decode(self.encoding), newline=""), **self.fmtparams), None
+        )
+        if header is None:
+            return len(head), 0, []
+        return len(head), head.count(b"\n"), header
+
+    def block_end(self, buf: bytes) -> int:
+        cut = buf.rfind(b"\n") + 1
+        while cut and buf.count(b'"', 0, cut) % 2:  # inside a quoted field: cut earlier
+            cut = buf.rfind(b"\n", 0, cut - 1) + 1
+        return cut
+
+    def record_end(self, buf: bytes, start: int) -> int:
+        end = buf.find(b"\n", start) + 1
+        while end and buf.count(b'"', 0, end) % 2:
+            end = buf.find(b"\n", end) + 1
+        return end
+
+    def _rows(self, chunk: bytes) -> Any:
+        return csv.reader(io.StringIO(chunk.decode(self.encoding), newline=""), **self.fmtparams)
+
+    def decode_records(self, chunk: bytes, meta: Any) -> list[Any]:
+        width = len(meta)
+        rows = [row for row in self._rows(chunk) if row]
+        if any(len(row) != width for row in rows):
+            raise ValueError("row width differs from the header")
+        return [dict(zip(meta, row)) for row in rows]
+
+    def decode_slowly(
+        self, chunk: bytes, meta: Any
+    ) -> Iterator[tuple[int, int, Callable[[], Any] | None]]:
+        reader = self._rows(chunk)
+        position = 0
+        while True:
+            line = reader.line_num
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as cause:
+                yield position, line, (lambda cause=cause: _raise(cause))
+                return
+            raw_end = self.record_end(chunk, position) or len(chunk)
+            if row:
+                yield position, line, (lambda row=row: self._row_dict(row, meta))
+            position = raw_end
+
+    def _row_dict(self, row: list[str], header: list[str]) -> dict[str, str]:
+        if len(row) != len(header):
+            raise ValueError(
+                f"the row has {len(row)} fields, the header {len(header)}: {row[:8]!r}"
+            )
+        return dict(zip(header, row))
+
+
+def _raise(error: Exception) -> Any:
+    raise error

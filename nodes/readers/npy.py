@@ -1,0 +1,158 @@
+"""NumPy ``.npy`` and ``.npz`` files: one record per row, or one per file.
+
+By rows, the cursor is the row index and resume seeks straight to
+``header + row * row_bytes``; a file is split among consumers by row ranges.
+An ``.npz`` yields one ``dict`` per row with a field per member (all members
+must have the same number of rows). Object arrays are refused: loading them
+would unpickle data.
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+from numpy.lib import format as npformat
+
+from nodes.errors import BadRecordError, ErrorPolicy
+from nodes.readers.lines import read_full
+from nodes.readers.reader import Cursor, RecordFormat
+from nodes.storage import SourceFile
+
+
+def read_npy_header(f: Any, url: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, data offset)`` of the ``.npy`` stream ``f`` (at its start)."""
+    start = f.tell()
+    try:
+        version = npformat.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = npformat.read_array_header_2_0(f)
+        else:
+            shape, fortran, dtype = npformat._read_array_header(f, version)  # noqa: SLF001
+    except ValueError as error:
+        raise BadRecordError(url, f"byte offset {start}", f"not a .npy array: {error}") from None
+    if dtype.hasobject:
+        raise BadRecordError(url, "header", "object arrays are refused (loading would unpickle)")
+    if fortran and len(shape) > 1:
+        raise BadRecordError(
+            url,
+            "header",
+            "a Fortran-ordered array cannot be read by rows; save it in C order "
+            "(np.ascontiguousarray) or read it whole with read_npy(rows=False)",
+        )
+    if not shape:
+        raise BadRecordError(url, "header", "a 0-d array has no rows; use read_npy(rows=False)")
+    return tuple(shape), dtype, f.tell() - start
+
+
+class _Member:
+    """One array of a file, read by rows from its own stream."""
+
+    def __init__(self, stream: Any, url: str, name: str) -> None:
+        self.stream = stream
+        self.url = url
+        self.name = name
+        self.shape, self.dtype, self.data_offset = read_npy_header(stream, url)
+        self.row_bytes = self.dtype.itemsize * math.prod(self.shape[1:])
+
+    def read_rows(self, row: int, count: int) -> np.ndarray:
+        self.stream.seek(self.data_offset + row * self.row_bytes)
+        want = count * self.row_bytes
+        data = read_full(self.stream, want)
+        if len(data) < want:
+            got = len(data) // self.row_bytes if self.row_bytes else 0
+            offset = self.data_offset + (row + got) * self.row_bytes
+            raise BadRecordError(
+                self.url,
+                f"{self.name}row {row + got} (byte offset {offset})",
+                f"truncated: the header promises {self.shape[0]} rows",
+            )
+        return np.frombuffer(bytearray(data), self.dtype).reshape(count, *self.shape[1:])
+
+
+class NpyFormat(RecordFormat):
+    """Rows of ``.npy`` arrays (or ``.npz`` archives); ``rows=False``: one record per file."""
+
+    name = "read_npy"
+
+    def __init__(self, rows: bool = True, block_bytes: int = 1 << 22) -> None:
+        self.rows = rows
+        self.splittable = rows
+        self.block_bytes = block_bytes
+
+    def blocks(
+        self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
+    ) -> Iterator[tuple[list[Any], Cursor]]:
+        is_npz = (
+            source.url.split("?")[0].removesuffix("." + str(source.compression)).endswith(".npz")
+            if source.compression
+            else source.url.split("?")[0].endswith(".npz")
+        )
+        with ExitStack() as stack:
+            f = stack.enter_context(source.open(0))
+            if not self.rows:
+                yield [self._whole(f, is_npz, source.url)], None
+                return
+            members = self._members(f, is_npz, source.url, stack)
+            yield from self._row_blocks(members, part, parts, cursor, errors)
+
+    def _whole(self, f: Any, is_npz: bool, url: str) -> Any:
+        try:
+            if is_npz:
+                with np.load(f, allow_pickle=False) as archive:
+                    return {name: archive[name] for name in archive.files}
+            return np.load(f, allow_pickle=False)
+        except (ValueError, zipfile.BadZipFile, EOFError) as error:
+            raise BadRecordError(url, "whole file", f"{type(error).__name__}: {error}") from None
+
+    def _members(self, f: Any, is_npz: bool, url: str, stack: ExitStack) -> list[_Member]:
+        if not is_npz:
+            return [_Member(f, url, "")]
+        try:
+            archive = stack.enter_context(zipfile.ZipFile(f))
+        except zipfile.BadZipFile as error:
+            raise BadRecordError(url, "archive", f"not a .npz archive: {error}") from None
+        members = [
+            _Member(stack.enter_context(archive.open(name)), url, f"member {name!r}, ")
+            for name in archive.namelist()
+            if name.endswith(".npy")
+        ]
+        lengths = {m.name: m.shape[0] for m in members}
+        if len(set(lengths.values())) > 1:
+            raise BadRecordError(
+                url,
+                "archive",
+                f"members have different numbers of rows: {lengths}; read it "
+                "with read_npy(rows=False)",
+            )
+        return members
+
+    def _row_blocks(
+        self, members: list[_Member], part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
+    ) -> Iterator[tuple[list[Any], Cursor]]:
+        if not members:
+            return
+        rows = members[0].shape[0]
+        end = (part + 1) * rows // parts
+        row = part * rows // parts if cursor is None else int(cursor)
+        per_block = max(1, self.block_bytes // max(1, sum(m.row_bytes for m in members)))
+        names = [m.name.removeprefix("member '").removesuffix(".npy', ") for m in members]
+        while row < end:
+            count = min(per_block, end - row)
+            try:
+                arrays = [m.read_rows(row, count) for m in members]
+            except BadRecordError as error:
+                errors.handle(error)  # skip mode: the rest of the file is unreadable
+                return
+            if len(members) == 1 and members[0].name == "":
+                records = list(arrays[0])
+            else:
+                records = [dict(zip(names, values)) for values in zip(*arrays)]
+            row += count
+            yield records, (row if row < end else None)

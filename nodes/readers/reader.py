@@ -1,0 +1,146 @@
+"""The node that reads records out of a consumer's files, block by block, resumable anywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import chain
+from typing import Any
+
+from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
+from nodes.errors import ErrorPolicy
+from nodes.files import FileSet, Unit, plan_units
+from nodes.storage import SourceFile
+
+Cursor = Any  # plain data (int, list of ints, dict) marking the start of a block
+
+
+class RecordFormat:
+    """How one file format turns a file (or a part of one) into blocks of records.
+
+    A format yields ``(records, cursor_after)`` pairs: a list of records and
+    a plain-data cursor from which :meth:`blocks` can start again to produce
+    exactly the blocks that follow (``None`` once the part is done). Block
+    boundaries must depend only on where a block starts, so that a resumed
+    reader re-reads the same block and skips to the same record.
+
+    ``splittable`` says whether a file can be divided among several consumers
+    (line-based text, rows of an array, samples of a tar); a format with one
+    record per file cannot.
+    """
+
+    name = "read"
+    splittable = True
+
+    def blocks(
+        self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
+    ) -> Iterator[tuple[list[Any], Cursor]]:
+        raise NotImplementedError
+
+
+class FileReaderNode(Node):
+    """Reads this consumer's units of files with a :class:`RecordFormat`.
+
+    Records are handed out of a list per block through C iterators, so the
+    per-record cost is that of the format's decoding. State:
+    ``{"unit", "cursor", "index", "skipped", "listing"}``: the unit (file
+    part) in this consumer's plan, the cursor of the current block, how many
+    of its records were returned, and how many bad records were skipped.
+    Resume opens the file at the cursor (a byte offset, a row, a tar header)
+    and re-reads at most one block; the cost does not grow with the position,
+    except for compressed files, which are decompressed from their start.
+    """
+
+    def __init__(
+        self,
+        files: FileSet,
+        fmt: RecordFormat,
+        ctx: Context,
+        *,
+        on_error: str = "raise",
+        step: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._files = files
+        self._format = fmt
+        self._ctx = ctx
+        self.errors = ErrorPolicy(on_error, step or fmt.name)
+        self._it: Iterator[Any] = NotReset(self)
+        self._gen: Iterator[Any] | None = None
+
+    def reset(self, state: State | None = None) -> None:
+        self.close()
+        if state is not None:
+            self._files.check_state(state)
+        self._units = plan_units(
+            self._files.order(self._ctx), self._ctx, splittable=self._format.splittable
+        )
+        unit = 0 if state is None else int(state["unit"])
+        cursor = None if state is None else state["cursor"]
+        index = 0 if state is None else int(state["index"])
+        self.errors.count = 0 if state is None else int(state["skipped"])
+        # (unit, cursor of the block, its iterator, its length, cursor after it, skips before it)
+        self._block: tuple[int, Cursor, Iterator[Any] | None, int, Cursor, int] = (
+            unit,
+            cursor,
+            None,
+            index,
+            cursor,
+            self.errors.count,
+        )
+        self._gen = self._blocks(unit, cursor, index)
+        self._it = chain.from_iterable(self._gen)
+
+    def _blocks(self, unit_index: int, cursor: Cursor, index: int) -> Iterator[Iterator[Any]]:
+        for u in range(unit_index, len(self._units)):
+            unit: Unit = self._units[u]
+            source = self._files.source(unit.file)
+            blocks = self._format.blocks(source, unit.part, unit.parts, cursor, self.errors)
+            while True:
+                skipped_before = self.errors.count
+                try:
+                    records, after = next(blocks)
+                except StopIteration:
+                    break
+                except OSError as error:  # missing, unreadable, or failing after retries
+                    self.errors.handle(error)
+                    break
+                it = positioned_iterator(records, index)
+                self._block = (u, cursor, it, len(records), after, skipped_before)
+                index = 0
+                yield it
+                cursor = after
+                if after is None:
+                    break
+            # Past this unit: skips counted while finishing it must not be counted again.
+            self._block = (u + 1, None, None, 0, None, self.errors.count)
+            cursor, index = None, 0
+        self._block = (len(self._units), None, None, 0, None, self.errors.count)
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def state_dict(self) -> State:
+        unit, cursor, it, length, after, skipped_before = self._block
+        if it is None:  # nothing read since reset: the reset position
+            index, skipped = length, skipped_before
+        else:
+            index = list_iterator_position(it, length)
+            skipped = skipped_before
+            if index == length:  # the block is used up: point past it
+                unit, cursor, index = (unit, after, 0) if after is not None else (unit + 1, None, 0)
+                skipped = self.errors.count
+        return {
+            "unit": unit,
+            "cursor": cursor,
+            "index": index,
+            "skipped": skipped,
+            "listing": self._files.listing_state(),
+        }
+
+    def close(self) -> None:
+        if self._gen is not None:
+            self._gen.close()  # type: ignore[attr-defined]
+            self._gen = None

@@ -1,0 +1,256 @@
+"""Files through fsspec: deterministic listings, retried reads, transparent decompression."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import fsspec
+from fsspec.compression import compr
+from fsspec.utils import infer_compression
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_NUMERIC_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+# Errors that say "this will not get better by trying again".
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand ``{a,b}`` lists and ``{000..127}`` ranges (zero padding kept), left to right.
+
+    >>> expand_braces("shard-{0..2}.tar")
+    ['shard-0.tar', 'shard-1.tar', 'shard-2.tar']
+    >>> expand_braces("{train,val}-{00..01}.jsonl")
+    ['train-00.jsonl', 'train-01.jsonl', 'val-00.jsonl', 'val-01.jsonl']
+    """
+    match = _BRACE.search(pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    numeric = _NUMERIC_RANGE.match(body)
+    if numeric:
+        lo, hi = int(numeric.group(1)), int(numeric.group(2))
+        width = len(numeric.group(1)) if numeric.group(1).startswith("0") else 0
+        step = 1 if hi >= lo else -1
+        choices = [str(i).zfill(width) for i in range(lo, hi + step, step)]
+    else:
+        choices = body.split(",")
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [head + choice + rest for choice in choices for rest in expand_braces(tail)]
+
+
+def list_files(urls: str | Sequence[str], storage_options: dict[str, Any]) -> list[str]:
+    """The sorted, de-duplicated URLs that ``urls`` names (lists, globs, brace ranges).
+
+    The result is the same in every process that sees the same storage, which
+    is what lets every consumer deal the same list. Patterns that match
+    nothing are an error naming the pattern.
+    """
+    patterns = [urls] if isinstance(urls, str) else list(urls)
+    if not patterns:
+        raise ValueError("dp.files() got an empty list of URLs")
+    found: set[str] = set()
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise TypeError(f"dp.files() takes URL strings, got {type(pattern).__name__}")
+        for url in expand_braces(pattern):
+            if not _GLOB_CHARS.search(url):
+                found.add(url)
+                continue
+            fs, path = fsspec.core.url_to_fs(url, **storage_options)
+            matches = [p for p, info in fs.glob(path, detail=True).items() if _is_file(info)]
+            if not matches:
+                raise FileNotFoundError(f"dp.files(): {url!r} matched no files")
+            found.update(_as_url(fs, url, match) for match in matches)
+    return sorted(found)
+
+
+def _is_file(info: dict[str, Any]) -> bool:
+    return info.get("type", "file") != "directory"
+
+
+def _as_url(fs: Any, pattern: str, path: str) -> str:
+    """A glob match written the way the user wrote the pattern (local paths stay paths)."""
+    if "://" not in pattern and not pattern.startswith("file:"):
+        # A local pattern: keep relative paths relative, so listings match across machines.
+        return path if os.path.isabs(pattern) else os.path.relpath(path)
+    return fs.unstrip_protocol(path)
+
+
+def listing_digest(urls: Sequence[str]) -> str:
+    """A short digest of a listing, kept in states to notice that the files changed."""
+    return hashlib.sha256("\n".join(urls).encode()).hexdigest()[:16]
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a read error may go away on retry (network trouble, 5xx, timeouts)."""
+    if isinstance(error, _PERMANENT):
+        return False
+    status = getattr(error, "status", None)
+    if isinstance(status, int):
+        return status >= 500 or status in (408, 429)
+    if isinstance(error, OSError | TimeoutError | ConnectionError):
+        return True
+    return type(error).__module__.split(".")[0] in ("aiohttp", "requests", "urllib3")
+
+
+class RetryingFile(io.RawIOBase):
+    """A read-only file that reopens itself and retries a failed read a bounded number of times.
+
+    ``opener(offset)`` returns a fresh binary file positioned at ``offset``.
+    Each read that fails with a transient error (see :func:`is_transient`) is
+    retried on a reopened file after an exponential back-off; after
+    ``retries`` failed attempts the last error is raised with the URL added.
+    """
+
+    def __init__(
+        self, url: str, opener: Callable[[], Any], retries: int, backoff: float = 0.05
+    ) -> None:
+        super().__init__()
+        self.url = url
+        self._opener = opener
+        self._retries = retries
+        self._backoff = backoff
+        self._pos = 0
+        self.retried = 0
+        self._file: Any = self._attempt(self._opener)
+
+    def _attempt(self, action: Callable[[], Any]) -> Any:
+        for attempt in range(self._retries + 1):
+            try:
+                return action()
+            except Exception as error:  # noqa: BLE001 - classified below
+                if isinstance(error, FileNotFoundError):
+                    raise FileNotFoundError(f"{self.url}: no such file") from error
+                if not is_transient(error) or attempt == self._retries:
+                    raise OSError(
+                        f"{self.url}: read failed at byte offset {self._pos} after "
+                        f"{attempt + 1} attempt(s): {type(error).__name__}: {error}"
+                    ) from error
+                self.retried += 1
+                time.sleep(self._backoff * 2**attempt)
+                self._reopen()
+        raise AssertionError("unreachable")
+
+    def _reopen(self) -> None:
+        try:
+            self._file.close()
+        except Exception:  # noqa: BLE001 - the old handle is broken anyway
+            pass
+        try:
+            self._file = self._opener()
+            self._file.seek(self._pos)
+        except Exception:  # noqa: BLE001 - the next attempt reports it
+            pass
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence == io.SEEK_END:
+            offset = self._attempt(lambda: self._file.seek(offset, io.SEEK_END))
+        if offset != self._pos:
+            self._attempt(lambda: self._file.seek(offset))
+            self._pos = offset
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._attempt(lambda: self._file.read(size))
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._file.close()
+            finally:
+                super().close()
+
+
+class SourceFile:
+    """One file of a listing: how to open it, its size, and whether it is compressed.
+
+    Compression is inferred from the extension (``.gz``, ``.bz2``, ``.xz``,
+    ``.zst``; zstd needs the ``zstandard`` package). Compressed files are read
+    as their decompressed bytes; they cannot seek cheaply, so offsets into
+    them are reached by decompressing from the start of the file.
+    """
+
+    def __init__(
+        self, url: str, storage_options: dict[str, Any], retries: int, block_size: int
+    ) -> None:
+        self.url = url
+        self.compression = infer_compression(url)
+        self._options = storage_options
+        self._retries = retries
+        self._block_size = block_size
+        self._fs: Any = None
+        self._path = ""
+
+    @property
+    def seekable(self) -> bool:
+        """Whether a byte offset of the (decompressed) content can be reached in O(1)."""
+        return self.compression is None
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._fs is None:
+            self._fs, self._path = fsspec.core.url_to_fs(self.url, **self._options)
+        return self._fs, self._path
+
+    def _open_raw(self) -> Any:
+        fs, path = self._filesystem()
+        return fs.open(path, "rb", block_size=self._block_size)
+
+    def open(self, offset: int = 0) -> Any:
+        """A binary file over the decompressed content, positioned at ``offset``."""
+        raw = RetryingFile(self.url, self._open_raw, self._retries)
+        if self.compression is None:
+            raw.seek(offset)
+            return raw
+        if self.compression not in compr:
+            raw.close()
+            raise ImportError(
+                f"{self.url}: reading {self.compression} files needs an extra package "
+                "(pip install zstandard for .zst)"
+            )
+        stream = compr[self.compression](raw, mode="rb")
+        skip_forward(stream, offset)
+        return stream
+
+    def size(self) -> int:
+        """The size in bytes of the stored (not decompressed) file."""
+        fs, path = self._filesystem()
+        try:
+            return int(fs.size(path))
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{self.url}: no such file") from error
+
+
+def skip_forward(stream: Any, offset: int, chunk: int = 1 << 20) -> None:
+    """Move a forward-only stream (a decompressor) to ``offset`` by reading."""
+    remaining = offset - stream.tell() if hasattr(stream, "tell") else offset
+    while remaining > 0:
+        data = stream.read(min(chunk, remaining))
+        if not data:
+            return
+        remaining -= len(data)
