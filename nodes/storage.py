@@ -90,7 +90,13 @@ def listing_digest(urls: Sequence[str]) -> str:
 
 
 def is_transient(error: BaseException) -> bool:
-    """Whether a read error may go away on retry (network trouble, 5xx, timeouts)."""
+    """Whether a read error may go away on retry (network trouble, 5xx, timeouts).
+
+    fsspec's HTTP filesystem reports any failed metadata request as
+    ``FileNotFoundError``; the HTTP status behind it decides.
+    """
+    if isinstance(error, FileNotFoundError) and error.__cause__ is not None:
+        return is_transient(error.__cause__)
     if isinstance(error, _PERMANENT):
         return False
     status = getattr(error, "status", None)
@@ -127,12 +133,15 @@ class RetryingFile(io.RawIOBase):
             try:
                 return action()
             except Exception as error:  # noqa: BLE001 - classified below
-                if isinstance(error, FileNotFoundError):
+                transient = is_transient(error)
+                if isinstance(error, FileNotFoundError) and not transient:
                     raise FileNotFoundError(f"{self.url}: no such file") from error
-                if not is_transient(error) or attempt == self._retries:
+                if not transient or attempt == self._retries:
+                    root = error.__cause__ if isinstance(error, FileNotFoundError) else None
+                    shown = root or error
                     raise OSError(
                         f"{self.url}: read failed at byte offset {self._pos} after "
-                        f"{attempt + 1} attempt(s): {type(error).__name__}: {error}"
+                        f"{attempt + 1} attempt(s): {type(shown).__name__}: {shown}"
                     ) from error
                 self.retried += 1
                 time.sleep(self._backoff * 2**attempt)

@@ -1,0 +1,107 @@
+"""A real HTTP file server on 127.0.0.1 for tests: directory listings, Range requests, faults."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+
+
+class FileServer:
+    """Serves ``root`` over HTTP. ``fail_next(n)`` makes the next ``n`` GETs answer 503."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.requests = 0
+        self.failures_left = 0
+        self.fail_status = 503
+        self._lock = threading.Lock()
+        handler = partial(_Handler, directory=str(root), server_state=self)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def fail_next(self, count: int, status: int = 503) -> None:
+        with self._lock:
+            self.failures_left, self.fail_status = count, status
+
+    def take_failure(self) -> int | None:
+        with self._lock:
+            self.requests += 1
+            if self.failures_left > 0:
+                self.failures_left -= 1
+                return self.fail_status
+            return None
+
+    def start(self) -> FileServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    """The standard library's file handler plus single-range ``Range`` support."""
+
+    def __init__(self, *args, server_state: FileServer, **kwargs) -> None:  # noqa: ANN002,ANN003
+        self.server_state = server_state
+        super().__init__(*args, **kwargs)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        status = self.server_state.take_failure()
+        if status is not None:
+            self.send_error(status, "injected failure")
+            return
+        path = self.translate_path(self.path)
+        match = _RANGE.fullmatch(self.headers.get("Range", ""))
+        if match is None or not os.path.isfile(path):
+            super().do_GET()
+            return
+        size = os.path.getsize(path)
+        start = int(match.group(1))
+        end = min(int(match.group(2)) if match.group(2) else size - 1, size - 1)
+        if start >= size:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.end_headers()
+            return
+        with open(path, "rb") as f:
+            f.seek(start)
+            body = f.read(end - start + 1)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        status = self.server_state.take_failure()
+        if status is not None:
+            self.send_error(status, "injected failure")
+            return
+        super().do_HEAD()
+
+
+@contextmanager
+def serve(root: Path) -> Iterator[FileServer]:
+    """Serve ``root`` for the duration of the block."""
+    server = FileServer(root).start()
+    try:
+        yield server
+    finally:
+        server.stop()
