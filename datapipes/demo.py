@@ -1,8 +1,10 @@
 """``python -m datapipes demo``: a real pipeline, a mid-epoch checkpoint, an exact resume.
 
-1. Generates a small dataset on disk (features and labels as ``.npy`` files).
-2. Builds a pipeline: global shuffle -> augment -> filter -> buffer shuffle
-   -> batch -> prefetch, mixed with a second source of hard examples.
+1. Generates a small dataset on disk: features and labels as ``.npy`` files,
+   and "hard examples" as four JSON-lines shards.
+2. Builds a pipeline: global shuffle -> augment -> filter, mixed with the
+   JSONL shards (file order shuffled, read with ``dp.files().read_jsonl()``),
+   then buffer shuffle -> batch -> prefetch.
 3. Runs the uninterrupted reference: epochs 0, 1 and 2.
 4. Runs again, stops in the middle of epoch 1, and saves the Loader state
    with ``torch.save``.
@@ -70,16 +72,20 @@ def keep(sample: dict[str, Any]) -> bool:
     return sample["id"] % 17 != 0
 
 
-def hard_example(index: int) -> dict[str, Any]:
-    """A synthetic 'hard example' from a second source."""
-    features = np.full(FEATURES, index % 7, dtype=np.float32)
-    return {"id": SAMPLES + index, "features": features, "label": index % 10}
+HARD_SHARDS = 4
+HARD_PER_SHARD = 125
+
+
+def hard_example(record: dict[str, Any]) -> dict[str, Any]:
+    """A 'hard example' from the JSONL shards, shaped like the main samples."""
+    features = np.asarray(record["features"], dtype=np.float32)
+    return {"id": record["id"], "features": features, "label": record["label"]}
 
 
 def build_pipe(folder: str) -> dp.DataPipe[Any]:
     """The demo recipe: what a training script would import."""
     main = dp.from_sequence(SampleTable(folder)).shuffle().map(augment).filter(keep)
-    hard = dp.range(500).map(hard_example)
+    hard = dp.files(str(Path(folder) / "hard-*.jsonl")).shuffle().read_jsonl().map(hard_example)
     mixed = dp.mix([main, hard], weights=[0.9, 0.1])
     return mixed.shuffle(buffer_size=256).batch(BATCH).prefetch(2)
 
@@ -88,6 +94,11 @@ def generate(folder: Path) -> None:
     rng = np.random.default_rng(0)
     np.save(folder / "features.npy", rng.normal(size=(SAMPLES, FEATURES)).astype(np.float32))
     np.save(folder / "labels.npy", rng.integers(0, 10, SAMPLES))
+    for shard in range(HARD_SHARDS):
+        with open(folder / f"hard-{shard:02d}.jsonl", "w") as f:
+            for i in range(shard * HARD_PER_SHARD, (shard + 1) * HARD_PER_SHARD):
+                record = {"id": SAMPLES + i, "features": [i % 7] * FEATURES, "label": i % 10}
+                f.write(json.dumps(record) + "\n")
 
 
 def batch_ids(batch: dict[str, Any]) -> list[int]:
@@ -110,7 +121,11 @@ def run_demo(workdir: str | None = None, stop_after: int = 37) -> bool:
         folder.mkdir(parents=True, exist_ok=True)
         generate(folder)
         pipe = build_pipe(str(folder))
-        print(f"dataset: {SAMPLES} samples x {FEATURES} features in {folder}")
+        print(
+            f"dataset: {SAMPLES} samples x {FEATURES} features, and "
+            f"{HARD_SHARDS * HARD_PER_SHARD} hard examples in {HARD_SHARDS} JSONL shards, "
+            f"in {folder}"
+        )
         print(f"pipeline: {pipe!r}")
 
         with dp.Loader(pipe, seed=SEED) as reference:

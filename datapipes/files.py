@@ -19,6 +19,7 @@ from nodes.readers import (
     RecordFormat,
     TarFormat,
 )
+from nodes.readers.lines import RECORD_BLOCK_SIZE
 
 _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "auth")
 
@@ -74,12 +75,18 @@ class FileList(DataPipe[str]):
         return self._read(BytesFormat, on_error)
 
     def read_lines(
-        self, *, encoding: str = "utf-8", on_error: str = "raise", block_size: int = 1 << 20
+        self,
+        *,
+        encoding: str = "utf-8",
+        on_error: str = "raise",
+        block_size: int = RECORD_BLOCK_SIZE,
     ) -> DataPipe[str]:
         """One ``str`` per line, without its line ending."""
         return self._read(LineFormat, on_error, encoding=encoding, block_size=block_size)
 
-    def read_jsonl(self, *, on_error: str = "raise", block_size: int = 1 << 20) -> DataPipe[Any]:
+    def read_jsonl(
+        self, *, on_error: str = "raise", block_size: int = RECORD_BLOCK_SIZE
+    ) -> DataPipe[Any]:
         """One JSON value per line (blank lines are ignored).
 
         Lines are decoded a block (about ``block_size`` bytes) at a time; a
@@ -93,7 +100,7 @@ class FileList(DataPipe[str]):
         *,
         encoding: str = "utf-8",
         on_error: str = "raise",
-        block_size: int = 1 << 20,
+        block_size: int = RECORD_BLOCK_SIZE,
         **fmtparams: Any,
     ) -> DataPipe[dict[str, str]]:
         """One ``dict`` per row keyed by the header row (``fmtparams`` go to :mod:`csv`).
@@ -196,7 +203,7 @@ class Read(DataPipe[Any]):
         object.__setattr__(self, "_on_error", on_error)
 
     def _own_args(self) -> str:
-        defaults = {"block_size": 1 << 20, "encoding": "utf-8", "rows": True}
+        defaults = {"block_size": RECORD_BLOCK_SIZE, "encoding": "utf-8", "rows": True}
         shown = {k: v for k, v in self.kwargs.items() if defaults.get(k, object()) != v}
         return ", ".join(f"{k}={v!r}" for k, v in shown.items())
 

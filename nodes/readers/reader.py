@@ -41,10 +41,11 @@ class FileReaderNode(Node):
     """Reads this consumer's units of files with a :class:`RecordFormat`.
 
     Records are handed out of a list per block through C iterators, so the
-    per-record cost is that of the format's decoding. State:
-    ``{"unit", "cursor", "index", "skipped", "listing"}``: the unit (file
-    part) in this consumer's plan, the cursor of the current block, how many
-    of its records were returned, and how many bad records were skipped.
+    per-record cost is that of the format's decoding. State: ``unit`` (the
+    index in this consumer's plan, with its ``file`` index in the listing and
+    its ``part``), the ``cursor`` of the current block, the ``index`` of the
+    next record in it, the number of bad records ``skipped`` so far, and the
+    ``listing`` (file count and digest) that the positions refer to.
     Resume opens the file at the cursor (a byte offset, a row, a tar header)
     and re-reads at most one block; the cost does not grow with the position,
     except for compressed files, which are decompressed from their start.
@@ -132,8 +133,13 @@ class FileReaderNode(Node):
             if index == length:  # the block is used up: point past it
                 unit, cursor, index = (unit, after, 0) if after is not None else (unit + 1, None, 0)
                 skipped = self.errors.count
+        # "file" and "part" say which data the position is in (for reading and for a
+        # future resume on another topology); "unit" indexes this consumer's plan.
+        where = self._units[unit] if unit < len(self._units) else None
         return {
             "unit": unit,
+            "file": None if where is None else where.file,
+            "part": None if where is None else [where.part, where.parts],
             "cursor": cursor,
             "index": index,
             "skipped": skipped,
