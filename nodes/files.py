@@ -46,7 +46,7 @@ class FileSet:
     def urls(self) -> list[str]:
         """The sorted listing."""
         if self._urls is None:
-            self._urls = list_files(self.patterns, self.storage_options)
+            self._urls = list_files(self.patterns, self.storage_options, self.retries)
         return self._urls
 
     def source(self, index: int) -> SourceFile:

@@ -46,7 +46,9 @@ def expand_braces(pattern: str) -> list[str]:
     return [head + choice + rest for choice in choices for rest in expand_braces(tail)]
 
 
-def list_files(urls: str | Sequence[str], storage_options: dict[str, Any]) -> list[str]:
+def list_files(
+    urls: str | Sequence[str], storage_options: dict[str, Any], retries: int = 3
+) -> list[str]:
     """The sorted, de-duplicated URLs that ``urls`` names (lists, globs, brace ranges).
 
     The result is the same in every process that sees the same storage, which
@@ -65,7 +67,13 @@ def list_files(urls: str | Sequence[str], storage_options: dict[str, Any]) -> li
                 found.add(url)
                 continue
             fs, path = fsspec.core.url_to_fs(url, **storage_options)
-            matches = [p for p, info in fs.glob(path, detail=True).items() if _is_file(info)]
+            listing = with_retries(
+                lambda fs=fs, path=path: fs.glob(path, detail=True),
+                retries,
+                url=url,
+                doing=lambda: "listing",
+            )
+            matches = [p for p, info in listing.items() if _is_file(info)]
             if not matches:
                 raise FileNotFoundError(f"dp.files(): {url!r} matched no files")
             found.update(_as_url(fs, url, match) for match in matches)
@@ -107,6 +115,40 @@ def is_transient(error: BaseException) -> bool:
     return type(error).__module__.split(".")[0] in ("aiohttp", "requests", "urllib3")
 
 
+def with_retries(
+    action: Callable[[], Any],
+    retries: int,
+    *,
+    url: str,
+    doing: Callable[[], str],
+    between: Callable[[], None] | None = None,
+    backoff: float = 0.05,
+) -> Any:
+    """``action()`` on ``url``, retried up to ``retries`` times on transient errors.
+
+    ``doing()`` names the operation in the error raised when it still fails
+    (``"read at byte offset 10"``); ``between()`` runs before each retry (to
+    reopen a file). A missing file is a ``FileNotFoundError``, never retried.
+    """
+    for attempt in range(retries + 1):
+        try:
+            return action()
+        except Exception as error:  # noqa: BLE001 - classified below
+            transient = is_transient(error)
+            if isinstance(error, FileNotFoundError) and not transient:
+                raise FileNotFoundError(f"{url}: no such file") from error
+            if not transient or attempt == retries:
+                shown = error.__cause__ if isinstance(error, FileNotFoundError) else error
+                raise OSError(
+                    f"{url}: {doing()} failed after {attempt + 1} attempt(s): "
+                    f"{type(shown).__name__}: {shown}"
+                ) from error
+            time.sleep(backoff * 2**attempt)
+            if between is not None:
+                between()
+    raise AssertionError("unreachable")
+
+
 class RetryingFile(io.RawIOBase):
     """A read-only file that reopens itself and retries a failed read a bounded number of times.
 
@@ -129,24 +171,18 @@ class RetryingFile(io.RawIOBase):
         self._file: Any = self._attempt(self._opener)
 
     def _attempt(self, action: Callable[[], Any]) -> Any:
-        for attempt in range(self._retries + 1):
-            try:
-                return action()
-            except Exception as error:  # noqa: BLE001 - classified below
-                transient = is_transient(error)
-                if isinstance(error, FileNotFoundError) and not transient:
-                    raise FileNotFoundError(f"{self.url}: no such file") from error
-                if not transient or attempt == self._retries:
-                    root = error.__cause__ if isinstance(error, FileNotFoundError) else None
-                    shown = root or error
-                    raise OSError(
-                        f"{self.url}: read failed at byte offset {self._pos} after "
-                        f"{attempt + 1} attempt(s): {type(shown).__name__}: {shown}"
-                    ) from error
-                self.retried += 1
-                time.sleep(self._backoff * 2**attempt)
-                self._reopen()
-        raise AssertionError("unreachable")
+        return with_retries(
+            action,
+            self._retries,
+            url=self.url,
+            doing=lambda: f"read at byte offset {self._pos}",
+            between=self._between_attempts,
+            backoff=self._backoff,
+        )
+
+    def _between_attempts(self) -> None:
+        self.retried += 1
+        self._reopen()
 
     def _reopen(self) -> None:
         try:
@@ -217,6 +253,12 @@ class SourceFile:
         self._path = ""
 
     @property
+    def name(self) -> str:
+        """The URL without query string and compression suffix (``a.npz.gz`` -> ``a.npz``)."""
+        path = self.url.split("?", 1)[0]
+        return path.rsplit(".", 1)[0] if self.compression else path
+
+    @property
     def seekable(self) -> bool:
         """Whether a byte offset of the (decompressed) content can be reached in O(1)."""
         return self.compression is None
@@ -249,10 +291,11 @@ class SourceFile:
     def size(self) -> int:
         """The size in bytes of the stored (not decompressed) file."""
         fs, path = self._filesystem()
-        try:
-            return int(fs.size(path))
-        except FileNotFoundError as error:
-            raise FileNotFoundError(f"{self.url}: no such file") from error
+        return int(
+            with_retries(
+                lambda: fs.size(path), self._retries, url=self.url, doing=lambda: "size query"
+            )
+        )
 
 
 def skip_forward(stream: Any, offset: int, chunk: int = 1 << 20) -> None:

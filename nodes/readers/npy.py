@@ -89,11 +89,7 @@ class NpyFormat(RecordFormat):
     def blocks(
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
     ) -> Iterator[tuple[list[Any], Cursor]]:
-        is_npz = (
-            source.url.split("?")[0].removesuffix("." + str(source.compression)).endswith(".npz")
-            if source.compression
-            else source.url.split("?")[0].endswith(".npz")
-        )
+        is_npz = source.name.endswith(".npz")
         with ExitStack() as stack:
             f = stack.enter_context(source.open(0))
             if not self.rows:

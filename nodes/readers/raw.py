@@ -27,9 +27,6 @@ class BytesFormat(RecordFormat):
     ) -> Iterator[tuple[list[Any], Cursor]]:
         with source.open(0) as f:
             data = f.read()
-        path = source.url.split("?")[0]
-        if source.compression:
-            path = path.rsplit(".", 1)[0]
-        named = split_name(path.rsplit("/", 1)[-1])
-        key, field = named if named is not None else (path.rsplit("/", 1)[-1], "bytes")
+        base = source.name.rsplit("/", 1)[-1]
+        key, field = split_name(base) or (base, "bytes")
         yield [{"__url__": source.url, "__key__": key, field: data}], None
