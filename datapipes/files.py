@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from datapipes.describe import describe
 from datapipes.pipe import DataPipe
 from nodes import Context, Node
 from nodes.errors import check_on_error
@@ -20,6 +22,7 @@ from nodes.readers import (
     TarFormat,
 )
 from nodes.readers.lines import RECORD_BLOCK_SIZE
+from nodes.storage import as_patterns, listing_digest
 
 _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "auth")
 
@@ -137,14 +140,14 @@ class Files(FileList):
 
     def __init__(
         self,
-        urls: str | Sequence[str],
+        urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         retries: int,
         block_size: int,
         storage_options: dict[str, Any],
     ) -> None:
-        if not isinstance(urls, str):
-            urls = tuple(urls)
+        patterns = as_patterns(urls)  # validates now, lists nothing
+        urls = patterns[0] if isinstance(urls, str | os.PathLike) else tuple(patterns)
         if not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
         kwargs: dict[str, Any] = dict(_masked(storage_options))
@@ -156,6 +159,15 @@ class Files(FileList):
         object.__setattr__(self, "_options", dict(storage_options))
         object.__setattr__(self, "_retries", retries)
         object.__setattr__(self, "_block_size", block_size)
+
+    def _own_args(self) -> str:
+        # Name every pattern (they make the fingerprint); a long list by count and digest.
+        urls = self.args[0]
+        if not isinstance(urls, str) and len(urls) > 8:
+            shown = f"<{len(urls)} urls {listing_digest(urls)}>"
+        else:
+            shown = repr(urls if isinstance(urls, str) else list(urls))
+        return ", ".join([shown] + [f"{k}={describe(v)}" for k, v in self.kwargs.items()])
 
     def file_set(
         self, ctx: Context, shuffle_key: list[int] | None = None, shuffle_seed: int | None = None
@@ -215,7 +227,7 @@ class Read(DataPipe[Any]):
 
 
 def files(
-    urls: str | Sequence[str],
+    urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     retries: int = 3,
     block_size: int = DEFAULT_BLOCK_SIZE,

@@ -46,6 +46,17 @@ def expand_braces(pattern: str) -> list[str]:
     return [head + choice + rest for choice in choices for rest in expand_braces(tail)]
 
 
+def as_patterns(urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The URL patterns as a list of strings (paths are accepted too)."""
+    patterns = [urls] if isinstance(urls, str | os.PathLike) else list(urls)
+    if not patterns:
+        raise ValueError("dp.files() got an empty list of URLs")
+    for pattern in patterns:
+        if not isinstance(pattern, str | os.PathLike):
+            raise TypeError(f"dp.files() takes URL strings or paths, got {pattern!r}")
+    return [os.fspath(pattern) for pattern in patterns]
+
+
 def list_files(
     urls: str | Sequence[str], storage_options: dict[str, Any], retries: int = 3
 ) -> list[str]:
@@ -55,13 +66,8 @@ def list_files(
     is what lets every consumer deal the same list. Patterns that match
     nothing are an error naming the pattern.
     """
-    patterns = [urls] if isinstance(urls, str) else list(urls)
-    if not patterns:
-        raise ValueError("dp.files() got an empty list of URLs")
     found: set[str] = set()
-    for pattern in patterns:
-        if not isinstance(pattern, str):
-            raise TypeError(f"dp.files() takes URL strings, got {type(pattern).__name__}")
+    for pattern in as_patterns(urls):
         for url in expand_braces(pattern):
             if not _GLOB_CHARS.search(url):
                 found.add(url)

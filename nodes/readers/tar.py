@@ -38,18 +38,20 @@ class _TarWalker:
 
     def __init__(self, f: Any, url: str, offset: int, seekable: bool) -> None:
         self.f, self.url, self.offset, self.seekable = f, url, offset, seekable
-        self.pending: _Member | None = None
 
     def _read(self, size: int, what: str) -> bytes:
         data = read_full(self.f, size)
+        self._check_complete(data, size, what)
+        self.offset += size
+        return data
+
+    def _check_complete(self, data: bytes, size: int, what: str) -> None:
         if len(data) < size:
             raise BadRecordError(
                 self.url,
                 f"{what} at byte offset {self.offset}",
                 f"truncated archive: needed {size} bytes, the file ends after {len(data)}",
             )
-        self.offset += size
-        return data
 
     def next_member(self) -> _Member | None:
         """The next regular-file member (its data not yet read), or None at the end."""
@@ -59,12 +61,7 @@ class _TarWalker:
             buf = read_full(self.f, BLOCK)
             if not buf or buf == bytes(BLOCK) or buf == bytes(len(buf)):
                 return None  # end-of-archive marker, or a file that simply ends here
-            if len(buf) < BLOCK:
-                raise BadRecordError(
-                    self.url,
-                    f"header at byte offset {header_offset}",
-                    f"truncated archive: a header needs {BLOCK} bytes, the file has {len(buf)}",
-                )
+            self._check_complete(buf, BLOCK, "header")
             self.offset += BLOCK
             try:
                 info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
