@@ -8,7 +8,7 @@ resume a random stream exactly.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -61,8 +61,16 @@ class UniformStream:
         """The next float in [0, 1)."""
         for value in self._it:
             return value
+        return next(self.next_block())
+
+    def current_block(self) -> Iterator[float]:
+        """The draws left in the current block: a hot loop may take them with ``next``."""
+        return self._it
+
+    def next_block(self) -> Iterator[float]:
+        """Move to the next block (after ``current_block()`` ran out) and return its draws."""
         self._load(self._block + 1)
-        return next(self._it)
+        return self._it
 
 
 class IndexPermutation:
