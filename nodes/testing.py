@@ -125,10 +125,19 @@ def _spread(length: int, limit: int) -> list[int]:
     return sorted(p for p in picks if 0 <= p <= length)
 
 
+#: Process-wide threads that libraries start once and keep (not leaks of a node):
+#: fsspec runs one event loop thread for all its async filesystems (HTTP, S3, ...).
+SHARED_LIBRARY_THREADS = frozenset({"fsspecIO"})
+
+
 def _new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
     deadline = time.monotonic() + 2.0
     while True:
-        alive = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        alive = [
+            t
+            for t in threading.enumerate()
+            if t not in before and t.is_alive() and t.name not in SHARED_LIBRARY_THREADS
+        ]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.01)

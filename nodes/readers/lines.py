@@ -53,6 +53,14 @@ class LineFormat(RecordFormat):
     name = "read_lines"
 
     def __init__(self, encoding: str = "utf-8", block_size: int = RECORD_BLOCK_SIZE) -> None:
+        if "\n".encode(encoding) != b"\n":
+            raise ValueError(
+                f"text readers split files at the byte 0x0A, which is not a line break in "
+                f"{encoding!r}; use an ASCII-compatible encoding (utf-8, latin-1, cp1252, ...) "
+                "or read whole files with read_bytes() and decode them in a map"
+            )
+        if block_size < 1:
+            raise ValueError(f"block_size must be a positive number of bytes, got {block_size}")
         self.encoding = encoding
         self.block_size = block_size
 
@@ -159,7 +167,7 @@ class LineFormat(RecordFormat):
         data = leftover + read_full(f, self.block_size - len(leftover))
         at_eof = len(data) < self.block_size
         cut = len(data) if at_eof else self.block_end(data)
-        while cut == 0:  # one record longer than a block: read on to its end
+        while cut == 0 and not at_eof:  # one record longer than a block: read on to its end
             more = read_full(f, self.block_size)
             data += more
             at_eof = len(more) < self.block_size
@@ -237,6 +245,10 @@ class CsvFormat(LineFormat):
     ) -> None:
         super().__init__(encoding, block_size)
         self.fmtparams = fmtparams
+        dialect = csv.reader([], **fmtparams).dialect
+        quoted = dialect.quoting != csv.QUOTE_NONE and dialect.quotechar
+        # Record boundaries are line breaks outside quotes: count this dialect's quote char.
+        self._quote = dialect.quotechar.encode(encoding) if quoted else None
 
     def prepare(self, source: SourceFile) -> tuple[int, int, Any]:
         with source.open(0) as f:
@@ -257,15 +269,19 @@ class CsvFormat(LineFormat):
 
     def block_end(self, buf: bytes) -> int:
         cut = buf.rfind(b"\n") + 1
-        while cut and buf.count(b'"', 0, cut) % 2:  # inside a quoted field: cut earlier
+        while cut and self._inside_quotes(buf, cut):  # cut earlier, outside the field
             cut = buf.rfind(b"\n", 0, cut - 1) + 1
         return cut
 
     def record_end(self, buf: bytes, start: int) -> int:
         end = buf.find(b"\n", start) + 1
-        while end and buf.count(b'"', 0, end) % 2:
+        while end and self._inside_quotes(buf, end):
             end = buf.find(b"\n", end) + 1
         return end
+
+    def _inside_quotes(self, buf: bytes, end: int) -> bool:
+        """Whether ``buf[:end]`` ends inside a quoted field (an odd number of quote chars)."""
+        return self._quote is not None and buf.count(self._quote, 0, end) % 2 == 1
 
     def _rows(self, chunk: bytes) -> Any:
         return csv.reader(io.StringIO(chunk.decode(self.encoding), newline=""), **self.fmtparams)

@@ -56,6 +56,7 @@ class _TarWalker:
     def next_member(self) -> _Member | None:
         """The next regular-file member (its data not yet read), or None at the end."""
         long_name: str | None = None
+        first_header = self.offset  # a long-name or pax header comes before the member's own
         while True:
             header_offset = self.offset
             buf = read_full(self.f, BLOCK)
@@ -80,11 +81,12 @@ class _TarWalker:
             if info.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
                 long_name = _pax_path(self._read(padded, "pax header")[: info.size]) or long_name
                 continue
-            member = _Member(long_name or info.name, header_offset, self.offset, info.size)
+            member = _Member(long_name or info.name, first_header, self.offset, info.size)
             long_name = None
             if info.type in _REGULAR:
                 return member
             self.skip(padded)
+            first_header = self.offset
 
     def data(self, member: _Member) -> bytes:
         data = self._read(member.size, f"member {member.name!r}")
