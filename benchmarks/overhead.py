@@ -113,8 +113,9 @@ def main() -> None:
 
     floor = results["plain generator chain"][0]
     ours = results["datapipes"][0]
-    print(f"{args.items:,} ints: map -> filter -> batch({BATCH}) -> collate, "
-          f"best of {args.repeats}")
+    print(
+        f"{args.items:,} ints: map -> filter -> batch({BATCH}) -> collate, best of {args.repeats}"
+    )
     print(f"{'implementation':<24}{'ns/item':>10}{'vs plain':>10}")
     for name, (ns, _) in results.items():
         print(f"{name:<24}{ns:>10.1f}{ns / floor:>9.2f}x")

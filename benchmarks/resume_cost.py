@@ -15,7 +15,7 @@ measures, best of ``--repeats``:
 
 Every resumed stream is checked: its records must be ids k, k+1, ... Usage::
 
-    python benchmarks/resume_cost.py [--size-mb 1024] [--records 1000] [--repeats 5]
+    python benchmarks/resume_cost.py [--size-mb 1024] [--records 1000] [--repeats 10]
     python benchmarks/resume_cost.py --size-mb 64        # quick mode
 """
 
@@ -144,7 +144,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="size of the JSONL file")
     parser.add_argument("--records", type=int, default=1_000, help="records read after resume")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0, help="data generation seed")
     parser.add_argument("--workdir", type=Path, default=None, help="where the file is cached")
     args = parser.parse_args()

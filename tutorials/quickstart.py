@@ -38,6 +38,7 @@ print(list(dp.Loader(dp.from_sequence(Squares()))))
 # %% [markdown]
 # ## Steps chain into a recipe; the recipe prints like the code that made it
 
+
 # %%
 def scale(sample):
     return {"x": float(sample["x"]) / 10, "y": sample["y"]}
@@ -86,8 +87,9 @@ ragged = dp.from_sequence([np.ones(n) for n in (1, 3, 2)])
 
 def pad(samples):
     longest = max(len(s) for s in samples)
-    return torch.stack([torch.nn.functional.pad(torch.from_numpy(s), (0, longest - len(s)))
-                        for s in samples])
+    return torch.stack(
+        [torch.nn.functional.pad(torch.from_numpy(s), (0, longest - len(s))) for s in samples]
+    )
 
 
 padded = next(iter(dp.Loader(ragged.batch(3, collate_fn=pad))))
@@ -97,6 +99,7 @@ assert [len(a) for a in as_lists] == [1, 3, 2]
 
 # %% [markdown]
 # ## Checkpoint mid-epoch, resume exactly
+
 
 # %%
 def make_pipe():
