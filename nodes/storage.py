@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -17,6 +18,27 @@ from fsspec.utils import infer_compression
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _NUMERIC_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
+
+# OS error numbers that may clear up (network trouble); any other errno is final.
+_TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EAGAIN",
+        "EINTR",
+        "EIO",
+        "ETIMEDOUT",
+        "ECONNRESET",
+        "ECONNREFUSED",
+        "ECONNABORTED",
+        "EPIPE",
+        "ENETDOWN",
+        "ENETUNREACH",
+        "EHOSTUNREACH",
+        "EHOSTDOWN",
+        "ESTALE",
+    )
+    if hasattr(errno, name)
+)
 
 # Errors that say "this will not get better by trying again".
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
@@ -116,6 +138,8 @@ def is_transient(error: BaseException) -> bool:
     status = getattr(error, "status", None)
     if isinstance(status, int):
         return status >= 500 or status in (408, 429)
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno in _TRANSIENT_ERRNOS
     if isinstance(error, OSError | TimeoutError | ConnectionError):
         return True
     return type(error).__module__.split(".")[0] in ("aiohttp", "requests", "urllib3")
@@ -142,6 +166,9 @@ def with_retries(
         except Exception as error:  # noqa: BLE001 - classified below
             transient = is_transient(error)
             if isinstance(error, FileNotFoundError) and not transient:
+                status = getattr(error.__cause__, "status", None)
+                if status in (401, 403):  # fsspec's HTTP reports a refused request as missing
+                    raise PermissionError(f"{url}: access denied (HTTP {status})") from error
                 raise FileNotFoundError(f"{url}: no such file") from error
             if not transient or attempt == retries:
                 shown = error.__cause__ if isinstance(error, FileNotFoundError) else error

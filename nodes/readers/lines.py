@@ -120,7 +120,10 @@ class LineFormat(RecordFormat):
         if cursor is not None:
             offset, line, block_no = cursor
         elif by_range and part > 0:
-            offset, line, block_no = self._align(source, data_start + part * span // parts), -1, 0
+            start = data_start + part * span // parts
+            # A range that starts at the first record needs no aligning (tiny files).
+            offset = self._align(source, start) if start > data_start else data_start
+            line, block_no = -1 if start > data_start else header_lines + 1, 0
         else:
             offset, line, block_no = data_start, header_lines + 1, 0
         if offset >= end:

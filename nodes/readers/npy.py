@@ -23,6 +23,13 @@ from nodes.readers.lines import read_full
 from nodes.readers.reader import Cursor, RecordFormat
 from nodes.storage import SourceFile
 
+# Format 3.0 (utf-8 field names) has no public reader; numpy keeps a private one.
+_read_any_header = getattr(npformat, "_read_array_header", None)
+if _read_any_header is None:  # numpy >= 2 moved it
+    from numpy.lib import _format_impl
+
+    _read_any_header = getattr(_format_impl, "_read_array_header", None)
+
 
 def read_npy_header(f: Any, url: str) -> tuple[tuple[int, ...], np.dtype, int]:
     """``(shape, dtype, data offset)`` of the ``.npy`` stream ``f`` (at its start)."""
@@ -33,9 +40,11 @@ def read_npy_header(f: Any, url: str) -> tuple[tuple[int, ...], np.dtype, int]:
             shape, fortran, dtype = npformat.read_array_header_1_0(f)
         elif version == (2, 0):
             shape, fortran, dtype = npformat.read_array_header_2_0(f)
+        elif version == (3, 0) and _read_any_header is not None:
+            shape, fortran, dtype = _read_any_header(f, version)
         else:
-            shape, fortran, dtype = npformat._read_array_header(f, version)  # noqa: SLF001
-    except ValueError as error:
+            raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
+    except (ValueError, EOFError, SyntaxError) as error:
         raise BadRecordError(url, f"byte offset {start}", f"not a .npy array: {error}") from None
     if dtype.hasobject:
         raise BadRecordError(url, "header", "object arrays are refused (loading would unpickle)")
@@ -61,19 +70,23 @@ class _Member:
         self.shape, self.dtype, self.data_offset = read_npy_header(stream, url)
         self.row_bytes = self.dtype.itemsize * math.prod(self.shape[1:])
 
-    def read_rows(self, row: int, count: int) -> np.ndarray:
+    def read_rows(self, row: int, count: int) -> tuple[np.ndarray, BadRecordError | None]:
+        """Rows ``row .. row + count - 1``; if the file ends early, the whole rows and the error."""
         self.stream.seek(self.data_offset + row * self.row_bytes)
         want = count * self.row_bytes
         data = read_full(self.stream, want)
+        error = None
         if len(data) < want:
             got = len(data) // self.row_bytes if self.row_bytes else 0
             offset = self.data_offset + (row + got) * self.row_bytes
-            raise BadRecordError(
+            error = BadRecordError(
                 self.url,
                 f"{self.name}row {row + got} (byte offset {offset})",
                 f"truncated: the header promises {self.shape[0]} rows",
             )
-        return np.frombuffer(bytearray(data), self.dtype).reshape(count, *self.shape[1:])
+            data, count = data[: got * self.row_bytes], got
+        rows = np.frombuffer(bytearray(data), self.dtype).reshape(count, *self.shape[1:])
+        return rows, error
 
 
 class NpyFormat(RecordFormat):
@@ -90,13 +103,16 @@ class NpyFormat(RecordFormat):
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
     ) -> Iterator[tuple[list[Any], Cursor]]:
         is_npz = source.name.endswith(".npz")
-        with ExitStack() as stack:
-            f = stack.enter_context(source.open(0))
-            if not self.rows:
-                yield [self._whole(f, is_npz, source.url)], None
-                return
-            members = self._members(f, is_npz, source.url, stack)
-            yield from self._row_blocks(members, part, parts, cursor, errors)
+        try:
+            with ExitStack() as stack:
+                f = stack.enter_context(source.open(0))
+                if not self.rows:
+                    yield [self._whole(f, is_npz, source.url)], None
+                    return
+                members = self._members(f, is_npz, source.url, stack)
+                yield from self._row_blocks(members, part, parts, cursor)
+        except BadRecordError as error:  # the rest of the file is unreadable: raise or count
+            errors.handle(error)
 
     def _whole(self, f: Any, is_npz: bool, url: str) -> Any:
         try:
@@ -130,8 +146,9 @@ class NpyFormat(RecordFormat):
         return members
 
     def _row_blocks(
-        self, members: list[_Member], part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
+        self, members: list[_Member], part: int, parts: int, cursor: Cursor
     ) -> Iterator[tuple[list[Any], Cursor]]:
+        """Blocks of rows of this part; a truncated file yields its whole rows, then raises."""
         if not members:
             return
         rows = members[0].shape[0]
@@ -140,15 +157,16 @@ class NpyFormat(RecordFormat):
         per_block = max(1, self.block_bytes // max(1, sum(m.row_bytes for m in members)))
         names = [m.name.removeprefix("member '").removesuffix(".npy', ") for m in members]
         while row < end:
-            count = min(per_block, end - row)
-            try:
-                arrays = [m.read_rows(row, count) for m in members]
-            except BadRecordError as error:
-                errors.handle(error)  # skip mode: the rest of the file is unreadable
-                return
+            read = [m.read_rows(row, min(per_block, end - row)) for m in members]
+            count = min(len(rows_read) for rows_read, _ in read)
+            arrays = [rows_read[:count] for rows_read, _ in read]
             if len(members) == 1 and members[0].name == "":
                 records = list(arrays[0])
             else:
                 records = [dict(zip(names, values)) for values in zip(*arrays)]
             row += count
+            failure = next((error for _, error in read if error is not None), None)
+            if failure is not None:
+                yield records, row  # resuming here meets the same error
+                raise failure
             yield records, (row if row < end else None)
