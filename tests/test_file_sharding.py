@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -171,26 +172,16 @@ def _array(i: int, n: int) -> np.ndarray:
     return (np.arange(n * 3, dtype=np.int32).reshape(n, 3) + 1000 * i).astype(np.int32)
 
 
-def write_npy_rows(folder: Path, sizes: list[int], block: int) -> Dataset:
+def write_npy(folder: Path, sizes: list[int], block: int, rows: bool = True) -> Dataset:
+    """``.npy`` files read by rows (one record a row) or whole (one array a file)."""
     urls, expected = [], []
     for i, n in enumerate(sizes):
         array = _array(i, n)
         path = folder / f"part-{i:02d}.npy"
         np.save(path, array)
         urls.append(str(path))
-        expected += list(array)
-    return Dataset(urls, expected, lambda f: f.read_npy())
-
-
-def write_npy_whole(folder: Path, sizes: list[int], block: int) -> Dataset:
-    urls, expected = [], []
-    for i, n in enumerate(sizes):
-        array = _array(i, n)
-        path = folder / f"part-{i:02d}.npy"
-        np.save(path, array)
-        urls.append(str(path))
-        expected.append(array)
-    return Dataset(urls, expected, lambda f: f.read_npy(rows=False))
+        expected += list(array) if rows else [array]
+    return Dataset(urls, expected, lambda f: f.read_npy(rows=rows))
 
 
 def write_tar(folder: Path, sizes: list[int], block: int) -> Dataset:
@@ -231,10 +222,10 @@ WRITERS: dict[str, Callable[[Path, list[int], int], Dataset]] = {
     "jsonl": write_jsonl,
     "jsonl.gz": write_jsonl_gz,
     "csv": write_csv,
-    "npy_rows": write_npy_rows,
+    "npy_rows": write_npy,
     "tar": write_tar,
     "bytes": write_bytes,
-    "npy_whole": write_npy_whole,
+    "npy_whole": partial(write_npy, rows=False),
 }
 
 # Record counts per file. Block sizes are small and odd, so splits and block cuts fall

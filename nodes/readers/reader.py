@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -79,15 +80,7 @@ class FileReaderNode(Node):
         cursor = None if state is None else state["cursor"]
         index = 0 if state is None else int(state["index"])
         self.errors.count = 0 if state is None else int(state["skipped"])
-        # (unit, cursor of the block, its iterator, its length, cursor after it, skips before it)
-        self._block: tuple[int, Cursor, Iterator[Any] | None, int, Cursor, int] = (
-            unit,
-            cursor,
-            None,
-            index,
-            cursor,
-            self.errors.count,
-        )
+        self._at = _Place(unit, cursor, index, self.errors.count)
         self._gen = self._blocks(unit, cursor, index)
         self._it = chain.from_iterable(self._gen)
 
@@ -106,16 +99,15 @@ class FileReaderNode(Node):
                     self.errors.handle(error)
                     break
                 it = positioned_iterator(records, index)
-                self._block = (u, cursor, it, len(records), after, skipped_before)
+                self._at = _Place(u, cursor, index, skipped_before, it, len(records), after)
                 index = 0
                 yield it
                 cursor = after
                 if after is None:
                     break
             # Past this unit: skips counted while finishing it must not be counted again.
-            self._block = (u + 1, None, None, 0, None, self.errors.count)
+            self._at = _Place(u + 1, None, 0, self.errors.count)
             cursor, index = None, 0
-        self._block = (len(self._units), None, None, 0, None, self.errors.count)
 
     def __next__(self) -> Any:
         return next(self._it)
@@ -124,15 +116,7 @@ class FileReaderNode(Node):
         return self._it
 
     def state_dict(self) -> State:
-        unit, cursor, it, length, after, skipped_before = self._block
-        if it is None:  # nothing read since reset: the reset position
-            index, skipped = length, skipped_before
-        else:
-            index = list_iterator_position(it, length)
-            skipped = skipped_before
-            if index == length:  # the block is used up: point past it
-                unit, cursor, index = (unit, after, 0) if after is not None else (unit + 1, None, 0)
-                skipped = self.errors.count
+        unit, cursor, index, skipped = self._at.resume_point(self.errors.count)
         # "file" and "part" say which data the position is in (for reading and for a
         # future resume on another topology); "unit" indexes this consumer's plan.
         where = self._units[unit] if unit < len(self._units) else None
@@ -150,3 +134,27 @@ class FileReaderNode(Node):
         if self._gen is not None:
             self._gen.close()  # type: ignore[attr-defined]
             self._gen = None
+
+
+@dataclass
+class _Place:
+    """Where a reader is: a fixed position, or the block it is handing records out of."""
+
+    unit: int
+    cursor: Cursor  # where the block starts
+    index: int  # records of the block returned before it was (re)entered
+    skipped_before: int  # bad records counted before the block was read
+    records: Iterator[Any] | None = None  # the block's records, shared with the consumer
+    length: int = 0
+    after: Cursor = None  # where the next block starts; None: the unit ends with this one
+
+    def resume_point(self, skipped_now: int) -> tuple[int, Cursor, int, int]:
+        """``(unit, cursor, index, skipped)`` from which a reset continues exactly."""
+        if self.records is None:
+            return self.unit, self.cursor, self.index, self.skipped_before
+        index = list_iterator_position(self.records, self.length)
+        if index < self.length:
+            return self.unit, self.cursor, index, self.skipped_before
+        if self.after is not None:  # the block is used up: point at the next one
+            return self.unit, self.after, 0, skipped_now
+        return self.unit + 1, None, 0, skipped_now
