@@ -205,6 +205,7 @@ class Read(DataPipe[Any]):
         self, upstream: FileList, fmt: type[RecordFormat], *, on_error: str, **options: Any
     ) -> None:
         check_on_error(on_error)
+        fmt(**options)  # a bad option (block size, encoding, csv dialect) fails here, not later
         kwargs = dict(options)
         if on_error != "raise":
             kwargs["on_error"] = on_error

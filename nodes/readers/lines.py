@@ -18,6 +18,8 @@ import csv
 import io
 import json
 from collections.abc import Callable, Iterator
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from nodes.errors import BadRecordError, ErrorPolicy
@@ -25,6 +27,8 @@ from nodes.readers.reader import Cursor, RecordFormat
 from nodes.storage import SourceFile
 
 _UNBOUNDED = float("inf")
+
+_first, _second = itemgetter(0), itemgetter(1)
 
 #: Bytes of text decoded per block. Measured: 32-64 KiB keeps a block in cache and
 #: matches a plain `for line in f: json.loads(line)` loop; 1 MiB blocks were 40% slower.
@@ -215,15 +219,28 @@ class JsonLinesFormat(LineFormat):
         self, block_size: int = RECORD_BLOCK_SIZE, loads: Callable[[str], Any] | None = None
     ) -> None:
         super().__init__("utf-8", block_size)
-        # A decoder's own `decode` skips `json.loads`'s per-call argument checks: measured
-        # 3.3 us instead of 3.8 us per 150-byte record, with the same parser and errors.
-        self.loads = loads or json.JSONDecoder().decode
+        decoder = json.JSONDecoder()
+        self.loads = loads or decoder.decode
+        # The fast path calls the C scanner that json.loads ends in, skipping loads's per-call
+        # checks and whitespace regexes: measured 2.1 us instead of 3.1 us per 150-byte record.
+        self._scan = decoder.scan_once if loads is None else None
 
     def decode_records(self, chunk: bytes, meta: Any) -> list[Any]:
-        lines = chunk.decode().split("\n")
+        text = chunk.decode()
+        lines = text.split("\n")
         if lines[-1] == "":
             lines.pop()
-        return list(map(self.loads, lines))
+        if "\r" in text:
+            lines = [line.removesuffix("\r") for line in lines]
+        if self._scan is None:
+            return list(map(self.loads, lines))
+        # A line that is not exactly one JSON value (blank, padded, malformed) stops the
+        # scan early (StopIteration ends `list`) or ends elsewhere than the line's end; the
+        # whole block then takes the per-line path, which parses like json.loads.
+        parsed = list(map(self._scan, lines, repeat(0)))
+        if len(parsed) != len(lines) or list(map(_second, parsed)) != list(map(len, lines)):
+            raise ValueError("a line needs the per-line path")
+        return list(map(_first, parsed))
 
     def ignores(self, line: bytes) -> bool:
         return not line.strip()
