@@ -6,7 +6,8 @@
 # turns them into records; `.decode()` turns tar fields into objects. Files are
 # dealt to ranks and workers; a checkpoint holds a byte offset, so a resume
 # seeks instead of re-reading. Run `python tutorials/files_and_formats.py`;
-# it asserts what it shows.
+# it asserts what it shows. (Image decoding needs Pillow:
+# `pip install -e ".[images]"`; the test extra includes it.)
 
 # %%
 import io
@@ -113,6 +114,19 @@ images = dp.files(str(workdir / "images-*.tar")).read_tar().decode().batch(4)
 first = next(iter(dp.Loader(images)))
 print(first["__key__"], first["png"].shape, first["cls"])
 assert tuple(first["png"].shape) == (4, 3, 4, 6) and first["cls"].tolist() == [0, 1, 0, 1]
+
+# Loose files work the same way: `read_bytes()` gives one sample per file,
+# named like a tar sample, so `.decode()` applies unchanged (here HWC layout).
+(workdir / "loose").mkdir()
+Image.fromarray(np.zeros((2, 3, 3), dtype=np.uint8)).save(workdir / "loose" / "a.png")
+(workdir / "loose" / "a.txt").write_text("a caption\nsecond line\n")
+loose = list(dp.Loader(dp.files(str(workdir / "loose" / "*")).read_bytes().decode(image="hwc")))
+print([(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in loose])
+assert tuple(loose[0]["png"].shape) == (2, 3, 3) and loose[1]["txt"].startswith("a caption")
+
+# `read_lines()` gives the raw text lines, one `str` each.
+caption_lines = list(dp.Loader(dp.files(str(workdir / "loose" / "*.txt")).read_lines()))
+assert caption_lines == ["a caption", "second line"]
 
 # %% [markdown]
 # ## Bad records: an error that says where, or skip and count

@@ -203,7 +203,7 @@ class LineFormat(RecordFormat):
                 where = f"byte offset {offset + at}"
                 if line > 0:
                     where = f"line {line + line_offset} ({where})"
-                error = BadRecordError(url, where, f"{type(cause).__name__}: {cause}")
+                error = BadRecordError(url, where, _explain(cause))
                 if not errors.skip:
                     return records, (error, offset + at, line + line_offset if line > 0 else -1)
                 errors.handle(error)
@@ -342,3 +342,10 @@ class CsvFormat(LineFormat):
 
 def _raise(error: Exception) -> Any:
     raise error
+
+
+def _explain(cause: Exception) -> str:
+    """The reason a record failed; JSON errors give the column within the line."""
+    if isinstance(cause, json.JSONDecodeError):
+        return f"invalid JSON: {cause.msg} (column {cause.colno})"
+    return f"{type(cause).__name__}: {cause}"
