@@ -317,7 +317,7 @@ class SourceFile:
                 f"{self.url}: reading {self.compression} files needs an extra package "
                 "(pip install zstandard for .zst)"
             )
-        stream = compr[self.compression](raw, mode="rb")
+        stream = Decompressed(compr[self.compression](raw, mode="rb"), raw)
         skip_forward(stream, offset)
         return stream
 
@@ -329,6 +329,42 @@ class SourceFile:
                 lambda: fs.size(path), self._retries, url=self.url, doing=lambda: "size query"
             )
         )
+
+
+class Decompressed(io.RawIOBase):
+    """A decompressing stream that also closes the file under it (gzip's does not)."""
+
+    def __init__(self, stream: Any, raw: io.RawIOBase) -> None:
+        super().__init__()
+        self._stream, self._raw = stream, raw
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        return self._stream.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._stream.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seekable(self) -> bool:
+        return True  # forward by decompressing; gzip and bz2 also rewind by restarting
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._stream.close()
+            finally:
+                self._raw.close()
+                super().close()
 
 
 def skip_forward(stream: Any, offset: int, chunk: int = 1 << 20) -> None:
