@@ -22,7 +22,7 @@ from nodes.readers import (
     TarFormat,
 )
 from nodes.readers.lines import RECORD_BLOCK_SIZE
-from nodes.storage import as_patterns, listing_digest
+from nodes.storage import as_patterns, listing_digest, url_path
 
 _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "auth")
 
@@ -33,6 +33,12 @@ def _masked(options: dict[str, Any]) -> dict[str, Any]:
         name: "***" if any(word in name.lower() for word in _SECRET_WORDS) else value
         for name, value in options.items()
     }
+
+
+def _without_query(url: str) -> str:
+    """A URL for ``repr``: an HTTP query string (a signature, a token) is masked."""
+    path = url_path(url)
+    return path if path == url else path + "?***"
 
 
 class FileList(DataPipe[str]):
@@ -165,8 +171,10 @@ class Files(FileList):
         urls = self.args[0]
         if not isinstance(urls, str) and len(urls) > 8:
             shown = f"<{len(urls)} urls {listing_digest(urls)}>"
+        elif isinstance(urls, str):
+            shown = repr(_without_query(urls))
         else:
-            shown = repr(urls if isinstance(urls, str) else list(urls))
+            shown = repr([_without_query(url) for url in urls])
         return ", ".join([shown] + [f"{k}={describe(v)}" for k, v in self.kwargs.items()])
 
     def file_set(

@@ -44,6 +44,13 @@ _TRANSIENT_ERRNOS = frozenset(
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
+def url_path(url: str) -> str:
+    """The URL without an HTTP query string (``?X-Amz-Signature=...`` is not a glob)."""
+    if url.startswith(("http://", "https://")):
+        return url.split("?", 1)[0]
+    return url
+
+
 def expand_braces(pattern: str) -> list[str]:
     """Expand ``{a,b}`` lists and ``{000..127}`` ranges (zero padding kept), left to right.
 
@@ -91,7 +98,7 @@ def list_files(
     found: set[str] = set()
     for pattern in as_patterns(urls):
         for url in expand_braces(pattern):
-            if not _GLOB_CHARS.search(url):
+            if not _GLOB_CHARS.search(url_path(url)):
                 found.add(url)
                 continue
             fs, path = fsspec.core.url_to_fs(url, **storage_options)
@@ -122,7 +129,8 @@ def _as_url(fs: Any, pattern: str, path: str) -> str:
 
 def listing_digest(urls: Sequence[str]) -> str:
     """A short digest of a listing, kept in states to notice that the files changed."""
-    return hashlib.sha256("\n".join(urls).encode()).hexdigest()[:16]
+    # Query strings (signatures of pre-signed URLs) change when URLs are re-signed.
+    return hashlib.sha256("\n".join(map(url_path, urls)).encode()).hexdigest()[:16]
 
 
 def is_transient(error: BaseException) -> bool:
@@ -278,7 +286,7 @@ class SourceFile:
         self, url: str, storage_options: dict[str, Any], retries: int, block_size: int
     ) -> None:
         self.url = url
-        self.compression = infer_compression(url)
+        self.compression = infer_compression(url_path(url))
         self._options = storage_options
         self._retries = retries
         self._block_size = block_size
@@ -288,7 +296,7 @@ class SourceFile:
     @property
     def name(self) -> str:
         """The URL without query string and compression suffix (``a.npz.gz`` -> ``a.npz``)."""
-        path = self.url.split("?", 1)[0]
+        path = url_path(self.url)
         return path.rsplit(".", 1)[0] if self.compression else path
 
     @property

@@ -256,6 +256,26 @@ def test_read_compressed_jsonl(where, compression, suffix):
         assert got == expected
 
 
+def test_signed_http_urls_keep_their_query_out_of_globs_names_and_fingerprints(request):
+    """Pre-signed URLs end in ``?signature``: not a glob, not part of the extension or repr."""
+    served = _remote(request, "http")
+    expected = write_jsonl(
+        served.root, "signed.jsonl.gz", jsonl_records(40, seed=5), compression="gzip"
+    )
+    url = served.url("signed.jsonl.gz") + "?X-Amz-Signature=abc123&X-Amz-Expires=60"
+    pipe = dp.files(url).read_jsonl()
+    assert run(pipe) == expected  # read, and decompressed by the path's extension
+    assert "abc123" not in repr(pipe) and "?***" in repr(pipe)
+    resigned = dp.files(url.replace("abc123", "def456")).read_jsonl()
+    assert resigned.fingerprint() == pipe.fingerprint()
+    loader = dp.Loader(pipe)
+    stream = iter(loader)
+    head = [next(stream) for _ in range(7)]
+    later = dp.Loader(resigned)  # a resume after the URLs were signed again
+    later.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert head + list(later) == expected
+
+
 @pytest.mark.parametrize("compression", ["gzip", "zstd", "bz2", "xz"])
 def test_read_compressed_other_formats(local, compression):
     suffix = {"gzip": "gz", "zstd": "zst", "bz2": "bz2", "xz": "xz"}[compression]
