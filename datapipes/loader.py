@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
 from datapipes.pipe import DataPipe
@@ -100,7 +101,18 @@ class Loader:
         return self._run(root, self._run_id)
 
     def _run(self, root: Node[Any], run_id: int) -> Iterator[Any]:
-        yield from root
+        items = iter(root)
+        if hasattr(items, "close"):
+            # `yield from` forwards close() to an iterator that has one. When an abandoned
+            # iterator of an earlier epoch is collected, that would close the graph the
+            # current epoch is reading; so only this run's own exit closes it, below.
+            items = chain(items)  # the same items, through an iterator that has no close()
+        try:
+            yield from items
+        except GeneratorExit:
+            if self._run_id == run_id:  # abandoned mid-epoch: free threads and files now
+                root.close()
+            raise
         if self._run_id == run_id:
             self._running_epoch = None
 

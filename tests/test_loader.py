@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from itertools import islice
 from typing import Any
 
@@ -108,6 +109,40 @@ def test_close_stops_prefetch_threads():
 
 
 # ----- checkpoints in this process ------------------------------------------------------
+
+
+def _background_threads_started_since(before: set[threading.Thread]) -> list[threading.Thread]:
+    deadline = time.monotonic() + 2.0
+    while True:
+        alive = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.01)
+
+
+def test_an_abandoned_iterator_of_an_earlier_epoch_leaves_the_current_one_alone():
+    pipe = dp.range(1000).filter(lambda x: True).shuffle(buffer_size=50).batch(10).prefetch(2)
+    loader = dp.Loader(pipe)
+    stale = iter(loader)
+    next(stale)  # epoch 0, abandoned after one batch
+    seen = []
+    for i, batch in enumerate(loader):  # epoch 1
+        seen += batch.tolist()
+        if i == 10:
+            del stale  # collected in the middle of epoch 1
+    assert sorted(seen) == list(range(1000))
+    loader.close()
+
+
+def test_an_abandoned_current_epoch_frees_its_threads_and_the_next_iteration_works():
+    before = set(threading.enumerate())
+    loader = dp.Loader(dp.range(100).prefetch(2))
+    it = iter(loader)
+    next(it)
+    del it  # dropped mid-epoch, without loader.close()
+    assert _background_threads_started_since(before) == []
+    assert list(loader) == list(range(100))  # the next epoch runs in full
+    loader.close()
 
 
 @pytest.mark.parametrize("where", ["before", "start", "middle", "last item", "end"])
