@@ -5,15 +5,19 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import lzma
 import os
 import re
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import fsspec
 from fsspec.compression import compr
 from fsspec.utils import infer_compression
+
+from nodes.errors import BadRecordError
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _NUMERIC_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -153,6 +157,10 @@ def is_transient(error: BaseException) -> bool:
     return type(error).__module__.split(".")[0] in ("aiohttp", "requests", "urllib3")
 
 
+class ReadFailedError(OSError):
+    """Reading a file failed for good: not found, refused, or still failing after retries."""
+
+
 def with_retries(
     action: Callable[[], Any],
     retries: int,
@@ -180,7 +188,7 @@ def with_retries(
                 raise FileNotFoundError(f"{url}: no such file") from error
             if not transient or attempt == retries:
                 shown = error.__cause__ if isinstance(error, FileNotFoundError) else error
-                raise OSError(
+                raise ReadFailedError(
                     f"{url}: {doing()} failed after {attempt + 1} attempt(s): "
                     f"{type(shown).__name__}: {shown}"
                 ) from error
@@ -319,13 +327,14 @@ class SourceFile:
         if self.compression is None:
             raw.seek(offset)
             return raw
-        if self.compression not in compr:
+        if self.compression == "zstd":
+            decompressor = ZstdReader(raw, self.url)
+        elif self.compression in compr:
+            decompressor = compr[self.compression](raw, mode="rb")
+        else:
             raw.close()
-            raise ImportError(
-                f"{self.url}: reading {self.compression} files needs an extra package "
-                "(pip install zstandard for .zst)"
-            )
-        stream = Decompressed(compr[self.compression](raw, mode="rb"), raw)
+            raise ImportError(f"{self.url}: no decompressor for {self.compression} files")
+        stream = Decompressed(decompressor, raw, self.url, self.compression)
         skip_forward(stream, offset)
         return stream
 
@@ -340,20 +349,43 @@ class SourceFile:
 
 
 class Decompressed(io.RawIOBase):
-    """A decompressing stream that also closes the file under it (gzip's does not)."""
+    """A decompressing stream that names its file when the data is corrupt or truncated.
 
-    def __init__(self, stream: Any, raw: io.RawIOBase) -> None:
+    A decoder error (a truncated gzip, a bad CRC, corrupt xz or zstd data)
+    becomes a :class:`BadRecordError` naming the URL and the decompressed
+    offset; it also closes the file under it, which gzip leaves to the GC.
+    """
+
+    def __init__(self, stream: Any, raw: io.RawIOBase, url: str, codec: str) -> None:
         super().__init__()
-        self._stream, self._raw = stream, raw
+        self._stream, self._raw, self._url, self._codec = stream, raw, url, codec
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> bytes:
-        return self._stream.read(size)
+        try:
+            return self._stream.read(size)
+        except ReadFailedError:
+            raise
+        except (EOFError, OSError, ValueError, zlib.error, lzma.LZMAError) as error:
+            raise self._corrupt(error) from error
+        except Exception as error:  # noqa: BLE001 - decoder libraries have their own errors
+            if type(error).__module__.split(".")[0] not in ("zstandard", "compression"):
+                raise
+            raise self._corrupt(error) from error
+
+    def _corrupt(self, error: Exception) -> BadRecordError:
+        try:
+            where = f"decompressed byte offset {self._stream.tell()}"
+        except Exception:  # noqa: BLE001 - a broken decoder may not know its position
+            where = "decompressing"
+        return BadRecordError(
+            self._url, where, f"corrupt or truncated {self._codec} data: {error or type(error)}"
+        )
 
     def readinto(self, buffer: Any) -> int:
-        data = self._stream.read(len(buffer))
+        data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
 
@@ -373,6 +405,72 @@ class Decompressed(io.RawIOBase):
             finally:
                 self._raw.close()
                 super().close()
+
+
+class ZstdReader(io.RawIOBase):
+    """zstd frames, decompressed in order; a file that ends inside a frame is an error.
+
+    (zstandard's own ``stream_reader`` returns a truncated frame's bytes as if
+    the file ended there, which would drop the rest silently.)
+    """
+
+    def __init__(self, raw: io.RawIOBase, url: str, chunk: int = 1 << 16) -> None:
+        super().__init__()
+        try:
+            import zstandard
+        except ImportError as error:
+            raise ImportError(
+                f"{url}: reading .zst files needs zstandard (pip install zstandard)"
+            ) from error
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._raw, self._chunk = raw, chunk
+        self._frame = self._new()
+        self._in_frame = False
+        self._buffer = bytearray()
+        self._pos = 0
+        self._raw_done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self, wanted: int) -> None:
+        while not self._raw_done and (wanted < 0 or len(self._buffer) < wanted):
+            data = self._raw.read(self._chunk)
+            if not data:
+                self._raw_done = True
+                if self._in_frame:
+                    raise EOFError("the file ends inside a zstd frame (truncated)")
+                return
+            while data:
+                if self._frame.eof:  # a new frame follows
+                    self._frame = self._new()
+                self._buffer += self._frame.decompress(data)
+                self._in_frame = not self._frame.eof
+                data = self._frame.unused_data if self._frame.eof else b""
+
+    def read(self, size: int = -1) -> bytes:
+        self._fill(size)
+        if size < 0 or size >= len(self._buffer):
+            out, self._buffer = bytes(self._buffer), bytearray()
+        else:
+            out = bytes(self._buffer[:size])
+            del self._buffer[:size]
+        self._pos += len(out)
+        return out
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        if whence == io.SEEK_END or offset < self._pos:
+            raise io.UnsupportedOperation("a zstd stream only seeks forward")
+        skip_forward(self, offset)
+        return self._pos
 
 
 def skip_forward(stream: Any, offset: int, chunk: int = 1 << 20) -> None:

@@ -568,6 +568,99 @@ def test_skip_counts_with_a_split_file_across_ranks_survive_resume(tmp_path: Pat
     assert totals == len(bad)
 
 
+# ----- archives broken from their first byte, corrupt pax headers ---------------------------
+
+
+def _tar_bytes(fmt: int = tarfile.USTAR_FORMAT, name_prefix: str = "") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for j in range(3):
+            info = tarfile.TarInfo(f"{name_prefix}s{j:03d}.txt")
+            info.size = 5
+            tar.addfile(info, io.BytesIO(b"hello"))
+    return buf.getvalue()
+
+
+def _corrupt_first_header() -> bytes:
+    data = bytearray(_tar_bytes())
+    data[148:156] = b"garbage!"  # the first header's checksum field
+    return bytes(data)
+
+
+def _corrupt_pax_length() -> bytes:
+    data = _tar_bytes(tarfile.PAX_FORMAT, name_prefix="\u00fc" * 3)
+    at = data.index(b" path=")
+    start = data.rindex(b"\n", 512, at) + 1 if b"\n" in data[512:at] else 512
+    return data[:start] + b"x" * (at - start) + data[at:]  # "NN path=..." -> "xx path=..."
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "where"),
+    [
+        ("corrupt-first.tar", _corrupt_first_header, "header at byte offset 0"),
+        ("short.tar", lambda: _tar_bytes()[:300], "header at byte offset 0"),
+        ("not-a-tar.tar", lambda: b"plain text, not an archive\n" * 40, "header at byte offset 0"),
+        ("bad-pax.tar", _corrupt_pax_length, "pax header at byte offset 0"),
+    ],
+)
+def test_a_broken_archive_is_a_bad_record_in_both_modes(tmp_path: Path, name, content, where):
+    path = tmp_path / name
+    path.write_bytes(content())
+    got, error = read_until_error(dp.Loader(dp.files(str(path)).read_tar()))
+    assert got == [] and isinstance(error, dp.BadRecordError), repr(error)
+    assert str(path) in str(error) and where in str(error)
+    good = tmp_path / "zz-good.tar"
+    good.write_bytes(_tar_bytes())
+    pipe = dp.files([str(path), str(good)]).read_tar(on_error="skip")
+    items, skipped, _ = read_skipping(pipe)
+    assert [item["__key__"] for item in items] == ["s000", "s001", "s002"]
+    assert skipped == {repr(pipe): 1}
+
+
+# ----- truncated and corrupt compressed files -------------------------------------------------
+
+
+def _compressed_jsonl(codec: str, lines: int = 20_000) -> bytes:
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    raw = "".join(json.dumps({"i": i, "pad": "x" * 20}) + "\n" for i in range(lines)).encode()
+    compress = {
+        "gz": gzip.compress,
+        "bz2": bz2.compress,
+        "xz": lzma.compress,
+        "zst": zstandard.ZstdCompressor().compress,
+    }[codec]
+    return compress(raw)
+
+
+@pytest.mark.parametrize("codec", ["gz", "bz2", "xz", "zst"])
+def test_a_truncated_compressed_file_is_never_read_as_complete(tmp_path: Path, codec: str):
+    data = _compressed_jsonl(codec)
+    path = tmp_path / f"a.jsonl.{codec}"
+    path.write_bytes(data[: len(data) * 2 // 3])
+    got, error = read_until_error(dp.Loader(dp.files(str(path)).read_jsonl()))
+    assert isinstance(error, dp.BadRecordError), repr(error)
+    assert str(path) in str(error) and "truncated" in str(error)
+    assert len(got) < 20_000
+    pipe = dp.files(str(path)).read_jsonl(on_error="skip")
+    items, skipped, _ = read_skipping(pipe)
+    assert len(items) < 20_000 and skipped == {repr(pipe): 1}
+
+
+def test_a_corrupt_gzip_names_the_file(tmp_path: Path):
+    data = bytearray(_compressed_jsonl("gz"))
+    data[len(data) // 2] ^= 0xFF
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(bytes(data))
+    _, error = read_until_error(dp.Loader(dp.files(str(path)).read_jsonl()))
+    assert isinstance(error, dp.BadRecordError | OSError), repr(error)
+    assert str(path) in str(error)
+
+
 # ----- transient errors over HTTP -------------------------------------------------------------
 
 

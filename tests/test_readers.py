@@ -198,6 +198,14 @@ def test_read_npz_rows(where, compressed):
     assert_same(expected, run(dp.files(where.url("z-*.npz")).read_npy()))
 
 
+def test_npz_fields_are_the_member_names_whatever_their_characters(local):
+    arrays = {"it's": np.arange(4), "back\\slash": np.arange(4) * 2, 'say "hi"': np.ones(4)}
+    np.savez(Path(local.root, "odd.npz"), **arrays)
+    rows = run(dp.files(local.url("odd.npz")).read_npy())
+    assert sorted(rows[0]) == sorted(arrays)
+    assert [row["it's"].item() for row in rows] == [0, 1, 2, 3]
+
+
 def test_read_npy_whole_files(where):
     a = random_array((5, 3), np.float64, seed=1)
     b = {"img": random_array((2, 4, 4), np.uint8, seed=2), "label": np.arange(2)}

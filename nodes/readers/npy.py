@@ -44,6 +44,8 @@ def read_npy_header(f: Any, url: str) -> tuple[tuple[int, ...], np.dtype, int]:
             shape, fortran, dtype = _read_any_header(f, version)
         else:
             raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
+    except BadRecordError:
+        raise  # the file under it is broken (truncated compressed data), already explained
     except (ValueError, EOFError, SyntaxError) as error:
         raise BadRecordError(url, f"byte offset {start}", f"not a .npy array: {error}") from None
     if dtype.hasobject:
@@ -63,10 +65,11 @@ def read_npy_header(f: Any, url: str) -> tuple[tuple[int, ...], np.dtype, int]:
 class _Member:
     """One array of a file, read by rows from its own stream."""
 
-    def __init__(self, stream: Any, url: str, name: str) -> None:
+    def __init__(self, stream: Any, url: str, name: str | None) -> None:
         self.stream = stream
         self.url = url
-        self.name = name
+        self.name = name  # the .npz member (without .npy), None for a plain .npy file
+        self.where = "" if name is None else f"member {name + '.npy'!r}, "
         self.shape, self.dtype, self.data_offset = read_npy_header(stream, url)
         self.row_bytes = self.dtype.itemsize * math.prod(self.shape[1:])
 
@@ -81,7 +84,7 @@ class _Member:
             offset = self.data_offset + (row + got) * self.row_bytes
             error = BadRecordError(
                 self.url,
-                f"{self.name}row {row + got} (byte offset {offset})",
+                f"{self.where}row {row + got} (byte offset {offset})",
                 f"truncated: the header promises {self.shape[0]} rows",
             )
             data, count = data[: got * self.row_bytes], got
@@ -125,13 +128,13 @@ class NpyFormat(RecordFormat):
 
     def _members(self, f: Any, is_npz: bool, url: str, stack: ExitStack) -> list[_Member]:
         if not is_npz:
-            return [_Member(f, url, "")]
+            return [_Member(f, url, None)]
         try:
             archive = stack.enter_context(zipfile.ZipFile(f))
         except zipfile.BadZipFile as error:
             raise BadRecordError(url, "archive", f"not a .npz archive: {error}") from None
         members = [
-            _Member(stack.enter_context(archive.open(name)), url, f"member {name!r}, ")
+            _Member(stack.enter_context(archive.open(name)), url, name.removesuffix(".npy"))
             for name in archive.namelist()
             if name.endswith(".npy")
         ]
@@ -155,12 +158,12 @@ class NpyFormat(RecordFormat):
         end = (part + 1) * rows // parts
         row = part * rows // parts if cursor is None else int(cursor)
         per_block = max(1, self.block_bytes // max(1, sum(m.row_bytes for m in members)))
-        names = [m.name.removeprefix("member '").removesuffix(".npy', ") for m in members]
+        names = [m.name for m in members]
         while row < end:
             read = [m.read_rows(row, min(per_block, end - row)) for m in members]
             count = min(len(rows_read) for rows_read, _ in read)
             arrays = [rows_read[:count] for rows_read, _ in read]
-            if len(members) == 1 and members[0].name == "":
+            if len(members) == 1 and members[0].name is None:
                 records = list(arrays[0])
             else:
                 records = [dict(zip(names, values)) for values in zip(*arrays)]

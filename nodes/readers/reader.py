@@ -8,7 +8,7 @@ from itertools import chain
 from typing import Any
 
 from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
-from nodes.errors import ErrorPolicy
+from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.files import FileSet, Unit, plan_units
 from nodes.storage import SourceFile
 
@@ -95,7 +95,9 @@ class FileReaderNode(Node):
                     records, after = next(blocks)
                 except StopIteration:
                     break
-                except OSError as error:  # missing, unreadable, or failing after retries
+                except (OSError, BadRecordError) as error:
+                    # Missing, unreadable, failing after retries, or corrupt compressed data:
+                    # the rest of this file cannot be read; raise, or count it and go on.
                     self.errors.handle(error)
                     break
                 it = positioned_iterator(records, index)

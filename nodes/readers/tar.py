@@ -79,7 +79,13 @@ class _TarWalker:
                 )
                 continue
             if info.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
-                long_name = _pax_path(self._read(padded, "pax header")[: info.size]) or long_name
+                data = self._read(padded, "pax header")[: info.size]
+                try:
+                    long_name = _pax_path(data) or long_name
+                except ValueError as error:
+                    raise BadRecordError(
+                        self.url, f"pax header at byte offset {header_offset}", f"corrupt: {error}"
+                    ) from None
                 continue
             member = _Member(long_name or info.name, first_header, self.offset, info.size)
             long_name = None
@@ -104,13 +110,13 @@ class _TarWalker:
 
 
 def _pax_path(data: bytes) -> str | None:
-    """The ``path`` record of a pax extended header, if any."""
+    """The ``path`` record of a pax extended header, if any (ValueError if malformed)."""
     position = 0
     while position < len(data):
         space = data.find(b" ", position)
-        if space < 0:
-            return None
-        length = int(data[position:space])
+        length = int(data[position:space]) if space > position else 0
+        if length <= space - position or position + length > len(data):
+            raise ValueError(f"bad pax record length at header byte {position}")
         key, _, value = data[space + 1 : position + length - 1].partition(b"=")
         if key == b"path":
             return value.decode("utf-8", "surrogateescape")
@@ -172,7 +178,12 @@ class TarFormat(RecordFormat):
         the sample it broke.
         """
         url = walker.url
-        member = self._next(walker)
+        try:
+            member = self._next(walker)
+        except BadRecordError as fatal:  # the archive is broken before this sample starts
+            if sample_no % parts == part:
+                self._report(fatal, [walker.offset, sample_no], errors)
+            return
         while member is not None:
             key = member[1][0]
             start = member[0].offset
