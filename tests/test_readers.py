@@ -4,6 +4,7 @@ mid-file, mid-tar, across files, inside compressed files); small reader states."
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -848,6 +849,34 @@ def test_read_csv_other_quotechar(local):
     # with the default block size) are cut inside rows.
     assert run(dp.files(local.url("q.csv")).read_csv(quotechar="'")) == expected
     assert run(dp.files(local.url("q.csv")).read_csv(quotechar="'", block_size=64)) == expected
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        {"escapechar": "\\", "doublequote": False},  # quotes escaped, not doubled
+        {},  # the default dialect, with quotes inside unquoted fields
+    ],
+    ids=["escapechar", "stray-quotes"],
+)
+def test_read_csv_finds_row_ends_like_the_csv_module(local, dialect):
+    """Block ends must fall between rows however the dialect quotes; csv.DictReader is the judge."""
+    path = Path(local.root, "d.csv")
+    with open(path, "w", newline="") as f:
+        if dialect:
+            writer = csv.writer(f, **dialect)
+            writer.writerow(["x", "y"])
+            for i in range(80):
+                writer.writerow([f'{i}" screw\nlong' if i % 4 == 0 else f"p{i}", str(i)])
+        else:
+            f.write("x,y\n")
+            for i in range(80):  # a quote inside an unquoted field, then a quoted line break
+                f.write(f'{i}" screw,"two\nlines {i}"\n' if i % 3 == 0 else f"p{i},{i}\n")
+    with open(path, newline="") as f:
+        expected = list(csv.DictReader(f, **dialect))
+    for block_size in (16, 37, 64, 1 << 16):
+        got = run(dp.files(str(path)).read_csv(block_size=block_size, **dialect))
+        assert got == expected, block_size
 
 
 def test_read_lines_refuses_encodings_without_a_newline_byte(local):
