@@ -589,13 +589,14 @@ _layout_settings = settings(
 
 @_layout_settings
 @given(
-    files=st.lists(st.lists(st.integers(0, 40), min_size=2, max_size=12), min_size=1, max_size=5),
+    files=st.lists(st.lists(st.integers(0, 40), max_size=12), min_size=1, max_size=5),
     newline=st.lists(st.booleans(), min_size=5, max_size=5),
     world_size=st.integers(1, 3),
     num_workers=st.integers(1, 3),
     block=st.integers(1, 64),
     resume=st.tuples(st.integers(0, 8), st.floats(0, 1)),
 )
+@example(files=[[]], newline=[True] * 5, world_size=3, num_workers=3, block=8, resume=(0, 0.5))
 def test_property_random_layouts(
     tmp_path_factory: pytest.TempPathFactory,
     files: list[list[int]],
@@ -605,31 +606,10 @@ def test_property_random_layouts(
     block: int,
     resume: tuple[int, float],
 ):
-    """Random line lengths (many longer than the block), files, consumers and block sizes."""
+    """Random line lengths (many longer than the block), empty and one-line files, consumers,
+    block sizes, and a resume at a random point."""
     folder = tmp_path_factory.mktemp("layout")
     _check_random_layout(folder, files, newline, world_size, num_workers, block, resume)
-
-
-@_layout_settings
-@given(
-    files=st.lists(st.lists(st.integers(0, 40), max_size=12), min_size=1, max_size=5),
-    newline=st.lists(st.booleans(), min_size=5, max_size=5),
-    world_size=st.integers(1, 3),
-    num_workers=st.integers(1, 3),
-    block=st.integers(1, 64),
-)
-@example(files=[[]], newline=[True] * 5, world_size=3, num_workers=3, block=8)
-def test_property_random_layouts_with_empty_and_tiny_files(
-    tmp_path_factory: pytest.TempPathFactory,
-    files: list[list[int]],
-    newline: list[bool],
-    world_size: int,
-    num_workers: int,
-    block: int,
-):
-    """As above, with empty and one-line files too."""
-    folder = tmp_path_factory.mktemp("layout")
-    _check_random_layout(folder, files, newline, world_size, num_workers, block)
 
 
 def test_npy_rows_split_property_like_sweep(tmp_path: Path):
