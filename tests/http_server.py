@@ -58,7 +58,7 @@ class _Handler(SimpleHTTPRequestHandler):
         super().__init__(*args, **kwargs)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
+        """Keep test output quiet: no line per request."""
 
     def do_GET(self) -> None:  # noqa: N802
         status = self.server_state.take_failure()
