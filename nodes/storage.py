@@ -198,7 +198,19 @@ def with_retries(
     raise AssertionError("unreachable")
 
 
-class RetryingFile(io.RawIOBase):
+class _ReadOnlyStream(io.RawIOBase):
+    """A readable raw stream whose subclasses define ``read``; ``readinto`` goes through it."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class RetryingFile(_ReadOnlyStream):
     """A read-only file that reopens itself and retries a failed read a bounded number of times.
 
     ``opener(offset)`` returns a fresh binary file positioned at ``offset``.
@@ -244,9 +256,6 @@ class RetryingFile(io.RawIOBase):
         except Exception:  # noqa: BLE001 - the next attempt reports it
             pass
 
-    def readable(self) -> bool:
-        return True
-
     def seekable(self) -> bool:
         return True
 
@@ -267,11 +276,6 @@ class RetryingFile(io.RawIOBase):
         data = self._attempt(lambda: self._file.read(size))
         self._pos += len(data)
         return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
 
     def close(self) -> None:
         if not self.closed:
@@ -348,7 +352,7 @@ class SourceFile:
         )
 
 
-class Decompressed(io.RawIOBase):
+class Decompressed(_ReadOnlyStream):
     """A decompressing stream that names its file when the data is corrupt or truncated.
 
     A decoder error (a truncated gzip, a bad CRC, corrupt xz or zstd data)
@@ -359,9 +363,6 @@ class Decompressed(io.RawIOBase):
     def __init__(self, stream: Any, raw: io.RawIOBase, url: str, codec: str) -> None:
         super().__init__()
         self._stream, self._raw, self._url, self._codec = stream, raw, url, codec
-
-    def readable(self) -> bool:
-        return True
 
     def read(self, size: int = -1) -> bytes:
         try:
@@ -384,11 +385,6 @@ class Decompressed(io.RawIOBase):
             self._url, where, f"corrupt or truncated {self._codec} data: {error or type(error)}"
         )
 
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
     def seekable(self) -> bool:
         return True  # forward by decompressing; gzip and bz2 also rewind by restarting
 
@@ -407,7 +403,7 @@ class Decompressed(io.RawIOBase):
                 super().close()
 
 
-class ZstdReader(io.RawIOBase):
+class ZstdReader(_ReadOnlyStream):
     """zstd frames, decompressed in order; a file that ends inside a frame is an error.
 
     (zstandard's own ``stream_reader`` returns a truncated frame's bytes as if
@@ -429,9 +425,6 @@ class ZstdReader(io.RawIOBase):
         self._buffer = bytearray()
         self._pos = 0
         self._raw_done = False
-
-    def readable(self) -> bool:
-        return True
 
     def _fill(self, wanted: int) -> None:
         while not self._raw_done and (wanted < 0 or len(self._buffer) < wanted):
