@@ -661,6 +661,21 @@ def test_a_corrupt_gzip_names_the_file(tmp_path: Path):
     assert str(path) in str(error)
 
 
+def test_a_tar_gz_with_a_bad_checksum_is_reported(tmp_path: Path):
+    import gzip
+
+    data = bytearray(gzip.compress(_tar_bytes()))
+    data[-8] ^= 0xFF  # the CRC in the gzip trailer: the members themselves read fine
+    path = tmp_path / "a.tar.gz"
+    path.write_bytes(bytes(data))
+    _, error = read_until_error(dp.Loader(dp.files(str(path)).read_tar()))
+    assert isinstance(error, dp.BadRecordError) and str(path) in str(error)
+    assert "CRC" in str(error)
+    pipe = dp.files(str(path)).read_tar(on_error="skip")
+    items, skipped, _ = read_skipping(pipe)
+    assert len(items) == 3 and skipped == {repr(pipe): 1}  # the data came, the doubt is counted
+
+
 # ----- transient errors over HTTP -------------------------------------------------------------
 
 

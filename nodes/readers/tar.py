@@ -166,6 +166,15 @@ class TarFormat(RecordFormat):
             except BadRecordError as error:  # raise mode: hand out the good samples first
                 yield block, error.cursor  # type: ignore[attr-defined]
                 raise
+            if source.compression is not None:
+                # Read past the end-of-archive marker to the end of the compressed stream,
+                # so that its checksum (gzip's CRC) is verified; a mismatch raises or counts.
+                try:
+                    while f.read(1 << 16):
+                        pass
+                except BadRecordError as error:
+                    if part == 0:  # one report per file, however many consumers share it
+                        errors.handle(error)
             yield block, None
 
     def _samples(
