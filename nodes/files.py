@@ -41,6 +41,7 @@ class FileSet:
         self.retries = retries
         self.block_size = block_size
         self._urls: list[str] | None = None
+        self._listing_state: State | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -73,7 +74,10 @@ class FileSet:
             )
 
     def listing_state(self) -> State:
-        return {"files": len(self.urls), "digest": listing_digest(self.urls)}
+        """``{"files", "digest"}`` of the listing; computed once, as states are taken often."""
+        if self._listing_state is None:
+            self._listing_state = {"files": len(self.urls), "digest": listing_digest(self.urls)}
+        return dict(self._listing_state)
 
 
 @dataclass(frozen=True)
