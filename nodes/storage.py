@@ -466,6 +466,22 @@ class ZstdReader(_ReadOnlyStream):
         return self._pos
 
 
+def read_full(f: Any, size: int) -> bytes:
+    """Read ``size`` bytes, or fewer only at the end of the file."""
+    data = f.read(size)
+    if len(data) < size and data:
+        parts = [data]
+        got = len(data)
+        while got < size:
+            more = f.read(size - got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
+    return data
+
+
 def skip_forward(stream: Any, offset: int, chunk: int = 1 << 20) -> None:
     """Move a forward-only stream (a decompressor) to ``offset`` by reading."""
     remaining = offset - stream.tell() if hasattr(stream, "tell") else offset

@@ -120,6 +120,14 @@ def read_until_error(loader: dp.Loader) -> tuple[list[Any], BaseException]:
     raise AssertionError(f"no error; {len(got)} items")
 
 
+def read_warned(pipe: dp.DataPipe[Any], match: str) -> tuple[list[Any], dp.Loader]:
+    """One epoch that must warn ``match`` about its first skip: the items and the Loader."""
+    with pytest.warns(dp.BadRecordWarning, match=match):
+        loader = dp.Loader(pipe)
+        items = list(loader)
+    return items, loader
+
+
 def read_skipping(pipe: dp.DataPipe[Any]) -> tuple[list[Any], dict[str, int], list[str]]:
     """Items, ``skipped()`` and the BadRecordWarning messages of one epoch."""
     loader = dp.Loader(pipe)
@@ -153,9 +161,7 @@ def test_malformed_json_lines_skipped_and_counted(tmp_path: Path, block_size: in
     path = tmp_path / "data.jsonl"
     good, bad = write_jsonl_with_bad_lines(path, 30, {0, 7, 8, 29})
     pipe = dp.files(str(path)).read_jsonl(block_size=block_size, on_error="skip")
-    with pytest.warns(dp.BadRecordWarning, match=re.escape(f"line {bad[0][0]}")):
-        loader = dp.Loader(pipe)
-        items = list(loader)
+    items, loader = read_warned(pipe, re.escape(f"line {bad[0][0]}"))
     assert items == good
     assert loader.skipped() == {repr(pipe): len(bad)}
 
@@ -188,9 +194,7 @@ def test_csv_bad_rows_skipped_and_counted(tmp_path: Path):
     path = tmp_path / "table.csv"
     good, bad_lines = write_csv_with_bad_rows(path, 25, {0: 2, 11: 4, 12: 1, 24: 5})
     pipe = dp.files(str(path)).read_csv(block_size=50, on_error="skip")
-    with pytest.warns(dp.BadRecordWarning, match=re.escape(str(path))):
-        loader = dp.Loader(pipe)
-        items = list(loader)
+    items, loader = read_warned(pipe, re.escape(str(path)))
     assert items == good
     assert loader.skipped() == {repr(pipe): len(bad_lines)}
 
@@ -224,9 +228,7 @@ def test_truncated_tar_skipped_and_counted(tmp_path: Path):
     other = tmp_path / "zz-good.tar"
     write_tar(other, tar_samples(2))
     pipe = dp.files([str(path), str(other)]).read_tar(on_error="skip")
-    with pytest.warns(dp.BadRecordWarning, match="truncated"):
-        loader = dp.Loader(pipe)
-        items = list(loader)
+    items, loader = read_warned(pipe, "truncated")
     expected = samples_of(tar_samples(6), str(path))[:4] + samples_of(tar_samples(2), str(other))
     assert items == expected  # the truncated file ends early; the next file is read
     assert loader.skipped() == {repr(pipe): 1}
@@ -259,9 +261,7 @@ def test_corrupt_tar_header_skipped_and_counted(tmp_path: Path):
     other = tmp_path / "zz-good.tar"
     write_tar(other, tar_samples(3))
     pipe = dp.files([str(path), str(other)]).read_tar(on_error="skip")
-    with pytest.warns(dp.BadRecordWarning, match="checksum"):
-        loader = dp.Loader(pipe)
-        items = list(loader)
+    items, loader = read_warned(pipe, "checksum")
     first = samples_of(tar_samples(5), str(path))
     head = [s for s in items if s["__url__"] == str(path)]
     # Samples before the corrupt header (the one right before it may go with it), then the
@@ -297,9 +297,7 @@ def test_undecodable_image_names_url_key_and_field(tmp_path: Path):
 def test_undecodable_images_skipped_and_counted(tmp_path: Path):
     path, keys = _image_tar(tmp_path, {"img01", "img04"})
     pipe = dp.files(str(path)).read_tar().decode(on_error="skip")
-    with pytest.warns(dp.BadRecordWarning, match="img01"):
-        loader = dp.Loader(pipe)
-        items = list(loader)
+    items, loader = read_warned(pipe, "img01")
     assert [s["__key__"] for s in items] == [k for k in keys if k not in {"img01", "img04"}]
     assert all(tuple(s["png"].shape) == (3, 3, 4) for s in items)
     assert [s["cls"] for s in items] == [0, 2, 3, 5]
@@ -349,9 +347,7 @@ def test_missing_file_skipped_and_counted_once(tmp_path: Path, read: Callable[..
     missing = str(tmp_path / "b-missing.jsonl")
     pipe = read(dp.files([str(paths[0]), missing, str(paths[1])]))
     reference = list(dp.Loader(read(dp.files([str(p) for p in paths]))))
-    with pytest.warns(dp.BadRecordWarning, match=re.escape(missing)):
-        loader = dp.Loader(pipe)
-        items = list(loader)
+    items, loader = read_warned(pipe, re.escape(missing))
     assert items == reference
     assert loader.skipped() == {repr(pipe): 1}
 
@@ -422,9 +418,7 @@ def test_truncated_npy_skipped_and_counted(tmp_path: Path):
     good = tmp_path / "zz-good.npy"
     np.save(good, np.full((4, 3), 7, dtype=np.int64))
     pipe = dp.files([str(path), str(good)]).read_npy(on_error="skip")
-    with pytest.warns(dp.BadRecordWarning, match=re.escape(str(path))):
-        loader = dp.Loader(pipe)
-        items = list(loader)
+    items, loader = read_warned(pipe, re.escape(str(path)))
     assert [row.tolist() for row in items[-4:]] == [[7, 7, 7]] * 4  # the next file is read
     assert loader.skipped() == {repr(pipe): 1}
 

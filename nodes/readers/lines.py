@@ -25,7 +25,7 @@ from typing import Any
 
 from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.readers.reader import Cursor, RecordFormat
-from nodes.storage import SourceFile
+from nodes.storage import SourceFile, read_full
 
 _UNBOUNDED = float("inf")
 
@@ -34,22 +34,6 @@ _first, _second = itemgetter(0), itemgetter(1)
 #: Bytes of text decoded per block. Measured: 32-64 KiB keeps a block in cache and
 #: matches a plain `for line in f: json.loads(line)` loop; 1 MiB blocks were 40% slower.
 RECORD_BLOCK_SIZE = 1 << 16
-
-
-def read_full(f: Any, size: int) -> bytes:
-    """Read ``size`` bytes, or fewer only at the end of the file."""
-    data = f.read(size)
-    if len(data) < size and data:
-        parts = [data]
-        got = len(data)
-        while got < size:
-            more = f.read(size - got)
-            if not more:
-                break
-            parts.append(more)
-            got += len(more)
-        data = b"".join(parts)
-    return data
 
 
 class LineFormat(RecordFormat):
@@ -84,6 +68,10 @@ class LineFormat(RecordFormat):
 
     def decode_records(self, chunk: bytes, meta: Any) -> list[Any]:
         """All records of a chunk of complete records; raises if any is bad (fast path)."""
+        return self.split_lines(chunk)
+
+    def split_lines(self, chunk: bytes) -> list[str]:
+        """The chunk's lines as text, without their ``\n`` or ``\r\n`` endings."""
         text = chunk.decode(self.encoding)
         lines = text.split("\n")
         if lines[-1] == "":
@@ -227,12 +215,7 @@ class JsonLinesFormat(LineFormat):
         self._scan = decoder.scan_once if loads is None else None
 
     def decode_records(self, chunk: bytes, meta: Any) -> list[Any]:
-        text = chunk.decode()
-        lines = text.split("\n")
-        if lines[-1] == "":
-            lines.pop()
-        if "\r" in text:
-            lines = [line.removesuffix("\r") for line in lines]
+        lines = self.split_lines(chunk)
         if self._scan is None:
             return list(map(self.loads, lines))
         # A line that is not exactly one JSON value (blank, padded, malformed) stops the

@@ -19,9 +19,8 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from nodes.errors import BadRecordError, ErrorPolicy
-from nodes.readers.lines import read_full
 from nodes.readers.reader import Cursor, RecordFormat
-from nodes.storage import SourceFile
+from nodes.storage import SourceFile, read_full
 
 # Format 3.0 (utf-8 field names) has no public reader; numpy keeps a private one.
 _read_any_header = getattr(npformat, "_read_array_header", None)

@@ -18,9 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from nodes.errors import BadRecordError, ErrorPolicy
-from nodes.readers.lines import read_full
 from nodes.readers.reader import Cursor, RecordFormat
-from nodes.storage import SourceFile, skip_forward
+from nodes.storage import SourceFile, read_full, skip_forward
 
 BLOCK = 512
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
