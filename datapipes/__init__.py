@@ -11,8 +11,12 @@ from datapipes.files import FileList, files
 from datapipes.loader import Loader, StateMismatchError
 from datapipes.pipe import DataPipe
 from datapipes.sources import from_iterable, from_sequence, range
+from datapipes.topology import Topology
+from datapipes.torch_dataset import TorchDataset
 from nodes.collate import default_collate, no_collate
 from nodes.errors import BadRecordError, BadRecordWarning
+from nodes.even import UnevenDataWarning
+from nodes.workers import WorkerDiedError
 
 __all__ = [
     "BadRecordError",
@@ -21,6 +25,10 @@ __all__ = [
     "FileList",
     "Loader",
     "StateMismatchError",
+    "Topology",
+    "TorchDataset",
+    "UnevenDataWarning",
+    "WorkerDiedError",
     "concat",
     "default_collate",
     "files",

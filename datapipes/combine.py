@@ -35,6 +35,10 @@ class Concat(DataPipe[Any]):
     def describe_step(self) -> str:
         return f"concat({len(self.inputs)} pipes)"
 
+    def consumer_length(self, ctx: Context) -> int | None:
+        lengths = [pipe.consumer_length(ctx) for pipe in self.inputs]
+        return None if None in lengths else sum(lengths)  # type: ignore[arg-type]
+
     def _build(self, ctx: Context) -> Node[Any]:
         return ConcatNode(_build_branches(self.inputs, ctx))
 
@@ -46,6 +50,10 @@ class Zip(DataPipe[Any]):
 
     def describe_step(self) -> str:
         return f"zip({len(self.inputs)} pipes)"
+
+    def consumer_length(self, ctx: Context) -> int | None:
+        lengths = [pipe.consumer_length(ctx) for pipe in self.inputs]
+        return None if None in lengths else min(lengths)  # type: ignore[type-var]
 
     def _build(self, ctx: Context) -> Node[Any]:
         return ZipNode(_build_branches(self.inputs, ctx))

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
 from datapipes.pipe import DataPipe
-from datapipes.topology import resolve_rank
+from datapipes.topology import Topology, resolve_topology
+from datapipes.workers import items_per_rank, main_process_recipe, worker_skip_counts
 from nodes import Context, Node
-from nodes.errors import ErrorPolicy
+from nodes.even import CollectiveAgreement, CountedAgreement, EvenBatchesNode, RankAgreement
 
 STATE_VERSION = 1
+
+_DATALOADER_OPTIONS = frozenset(
+    {
+        "prefetch_factor",
+        "timeout",
+        "multiprocessing_context",
+        "worker_init_fn",
+        "persistent_workers",
+        "in_order",
+    }
+)
 
 
 class StateMismatchError(ValueError):
@@ -36,9 +48,31 @@ class Loader:
     >>> sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(6))
     True
 
-    ``rank``/``world_size`` default to ``torch.distributed`` when it is
-    initialized, else to the ``RANK``/``WORLD_SIZE`` environment variables;
-    each rank then reads its own share of the data.
+    **Ranks.** ``rank``/``world_size`` (a data-parallel rank), else ``mesh``
+    with its data-parallel ``mesh_dims`` (ranks of one tensor-parallel group
+    read the same data), else ``torch.distributed`` when it is initialized,
+    else the ``RANK``/``WORLD_SIZE`` environment variables. Each rank reads its
+    own share of the data.
+
+    **Workers.** With ``num_workers=N > 0`` the pipeline runs in ``N``
+    DataLoader worker processes (torchdata's ``StatefulDataLoader``), each
+    reading its own share; ``pin_memory()``, ``to_device()`` and the steps
+    after them run in this process. ``state_dict()`` then covers every worker,
+    items computed ahead included. ``prefetch_factor``, ``timeout``,
+    ``multiprocessing_context``, ``worker_init_fn`` and ``persistent_workers``
+    go to the DataLoader. A worker's error is raised here with its traceback.
+
+    **Even epochs.** With ``even_batches`` every rank yields the same number of
+    items per epoch (the extra items of the fuller ranks are dropped, with an
+    :class:`datapipes.UnevenDataWarning` saying how many), so a DDP job never
+    hangs in a collective because one rank ran out first. The default
+    (``None``) turns it on when ``torch.distributed`` runs more than one rank;
+    ranks then agree through one tiny gloo ``all_reduce`` per item. Without
+    ``torch.distributed`` (``even_batches=True`` with explicit ranks), the
+    counts are computed: from lengths for sequences, else by a counting pass.
+
+    ``pin_memory=True`` and ``device=...`` are shorthands for appending
+    ``.pin_memory()`` and ``.to_device(device)`` to the recipe.
     """
 
     def __init__(
@@ -48,25 +82,52 @@ class Loader:
         *,
         rank: int | None = None,
         world_size: int | None = None,
+        mesh: Any = None,
+        mesh_dims: Sequence[str] | str | None = None,
         num_workers: int = 0,
+        even_batches: bool | None = None,
+        pin_memory: bool = False,
+        device: str | Any = None,
+        **dataloader_options: Any,
     ) -> None:
         if not isinstance(pipe, DataPipe):
             raise TypeError(
                 f"Loader takes a DataPipe recipe, got {type(pipe).__name__}; build one with "
                 "dp.from_sequence(...), dp.range(...) or dp.from_iterable(...)"
             )
-        if num_workers != 0:
-            raise NotImplementedError(
-                "worker processes are not available yet: use num_workers=0 (the pipeline "
-                "runs in this process)"
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        unknown = set(dataloader_options) - _DATALOADER_OPTIONS
+        if unknown:
+            raise TypeError(
+                f"Loader got unexpected arguments {sorted(unknown)}; DataLoader options it "
+                f"passes on are {sorted(_DATALOADER_OPTIONS)}"
             )
+        if dataloader_options and num_workers == 0:
+            raise ValueError(
+                f"{sorted(dataloader_options)} configure worker processes: set num_workers > 0"
+            )
+        if pin_memory:
+            pipe = pipe.pin_memory()
+        if device is not None:
+            pipe = pipe.to_device(device)
         self.pipe = pipe
         self._fingerprint = pipe.fingerprint()
         self._steps = pipe.steps()
         self.seed = int(seed)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.topology = resolve_topology(rank, world_size, mesh=mesh, mesh_dims=mesh_dims)
+        self.topology.check_against_torch_distributed()
+        self.rank, self.world_size = self.topology.rank, self.topology.world_size
         self.num_workers = num_workers
         self._context = Context(rank=self.rank, world_size=self.world_size, seed=self.seed)
+        self._runtime_pipe = (
+            main_process_recipe(pipe, self.topology, self.seed, num_workers, dataloader_options)
+            if num_workers
+            else pipe
+        )
+        self._agreement = even_batches_agreement(
+            even_batches, pipe, self.topology, num_workers, self.seed
+        )
         self._root: Node[Any] | None = None
         self._next_epoch = 0
         self._pending: dict[str, Any] | None = None
@@ -90,7 +151,7 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         root = self._root
         if root is None:
-            root = self._root = self.pipe.build(self._context)
+            root = self._root = self._build()
         epoch = self._next_epoch
         self._context.epoch = epoch
         root.reset(self._pending)
@@ -99,6 +160,15 @@ class Loader:
         self._next_epoch = epoch + 1
         self._run_id += 1
         return self._run(root, self._run_id)
+
+    def _build(self) -> Node[Any]:
+        root = self._runtime_pipe.build(self._context)
+        if self._agreement is not None:
+            context = self._context
+            root = EvenBatchesNode(
+                root, self._agreement, rank=self.rank, epoch=lambda: context.epoch
+            )
+        return root
 
     def _run(self, root: Node[Any], run_id: int) -> Iterator[Any]:
         items = iter(root)
@@ -129,12 +199,7 @@ class Loader:
         >>> list(loader), loader.skipped()
         ([{'cls': 1}], {"dp.from_sequence(<list of 2>).decode(on_error='skip')": 1})
         """
-        counts: dict[str, int] = {}
-        for node in _walk(self._root):
-            policy = getattr(node, "errors", None)
-            if isinstance(policy, ErrorPolicy) and policy.skip:
-                counts[policy.step] = counts.get(policy.step, 0) + policy.count
-        return counts
+        return worker_skip_counts(self._root)
 
     def close(self) -> None:
         """Stop background threads and release resources; the Loader can be iterated again.
@@ -208,17 +273,34 @@ class Loader:
             )
 
 
-def _walk(node: Node[Any] | None) -> Iterator[Node[Any]]:
-    """Every node of a built graph, upstream ones included."""
-    if node is not None:
-        yield node
-        for upstream in node.inputs:
-            yield from _walk(upstream)
-
-
 def _explain_difference(saved: list[str], current: list[str]) -> str:
     lines = []
     for line in difflib.unified_diff(saved, current, "checkpoint recipe", "this recipe", n=1):
         if not line.startswith("@@"):
             lines.append("  " + line.rstrip("\n"))
     return "\n".join(lines)
+
+
+def even_batches_agreement(
+    even_batches: bool | None,
+    pipe: DataPipe[Any],
+    topology: Topology,
+    num_workers: int,
+    seed: int,
+) -> RankAgreement | None:
+    """How ranks agree to stop together, or ``None`` when the epochs may be uneven."""
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if even_batches is None:
+        even_batches = distributed and topology.world_size > 1
+    if not even_batches or topology.world_size == 1:
+        return None
+    if distributed:
+        # A gloo group of its own, so the agreement never queues behind NCCL work on the GPU.
+        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        return CollectiveAgreement(group)
+    world = topology.world_size
+    return CountedAgreement(
+        lambda epoch: items_per_rank(pipe, world, num_workers, seed, epoch), topology.rank
+    )

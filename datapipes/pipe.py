@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from datapipes.describe import describe
 from nodes import Context, Node, stable_hash
+
+if TYPE_CHECKING:
+    from datapipes.torch_dataset import TorchDataset
 
 T = TypeVar("T")
 
@@ -108,6 +111,18 @@ class DataPipe(Generic[T]):
     def _build(self, ctx: Context) -> Node[T]:
         raise NotImplementedError
 
+    def consumer_length(self, ctx: Context) -> int | None:
+        """How many items this recipe yields for ``ctx``'s consumer, or ``None`` if unknown.
+
+        Known without reading any data for sequences and the steps that keep
+        counts computable (map, shuffle, batch, take, repeat, concat, zip, ...);
+        a filter, a flat_map or a file reader makes it unknown.
+        """
+        return None
+
+    def _upstream_length(self, ctx: Context) -> int | None:
+        return self.inputs[0].consumer_length(ctx)
+
     def random_access(self) -> tuple[Sequence[Any], tuple[Callable[[Any], Any], ...]] | None:
         """``(sequence, fns)`` if item i is ``fns(sequence[i])``, else ``None`` (a stream)."""
         return None
@@ -207,6 +222,71 @@ class DataPipe(Generic[T]):
         return Decode(
             self, image=image, image_mode=image_mode, decoders=decoders, on_error=on_error
         )
+
+    def shard(self) -> DataPipe[T]:
+        """Split a stream across consumers here: each keeps every n-th item.
+
+        Sources normally shard themselves (files are dealt, sequences split by
+        index). ``shard()`` is for sources that cannot, such as
+        ``dp.from_iterable``, or to choose where the split happens: the steps
+        before it read all the data in every consumer (identically, shuffles
+        included), so they cost ``world_size * num_workers`` times as much, and
+        consumer ``c`` of ``C`` keeps items ``c, c + C, ...``. Sources before an
+        explicit ``shard()`` do not shard again.
+
+        >>> import datapipes as dp
+        >>> gen = dp.from_iterable(lambda: iter("abcde")).shard()
+        >>> list(dp.Loader(gen, rank=1, world_size=2))
+        ['b', 'd']
+        """
+        from datapipes.steps import Shard
+
+        return Shard(self)
+
+    def pin_memory(self) -> DataPipe[T]:
+        """Put the tensors of every item in page-locked memory (a no-op without CUDA).
+
+        Runs in the main process, after the worker processes; pinned batches
+        copy to the GPU faster and asynchronously (see :meth:`to_device`).
+        """
+        from datapipes.steps import PinMemory
+
+        return PinMemory(self)
+
+    def to_device(self, device: str | None = None) -> DataPipe[Any]:
+        """Move the tensors of every item (nested dicts, lists, tuples) to ``device``.
+
+        Runs in the main process. On CUDA the copy is asynchronous, on a side
+        stream, so it overlaps the training step on the previous batch. With
+        ``device=None`` it copies to the current CUDA device when there is one
+        and does nothing otherwise, so one recipe runs on GPU and CPU machines.
+        """
+        from datapipes.steps import ToDevice
+
+        return ToDevice(self, device)
+
+    def as_torch_dataset(
+        self,
+        seed: int = 0,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        mesh: Any = None,
+        mesh_dims: Sequence[str] | str | None = None,
+    ) -> TorchDataset:
+        """This recipe as a torch ``IterableDataset`` for your own ``DataLoader``.
+
+        It shards itself across DataLoader workers and ranks (``rank`` and
+        ``world_size``, or a ``mesh`` with its data-parallel ``mesh_dims``, else
+        ``torch.distributed``, else ``RANK``/``WORLD_SIZE``), and under torchdata's
+        ``StatefulDataLoader`` resumes exactly. Use ``batch_size=None`` in the
+        DataLoader when the recipe batches. See :class:`datapipes.TorchDataset`.
+        """
+        from datapipes.topology import resolve_topology
+        from datapipes.torch_dataset import TorchDataset
+
+        topology = resolve_topology(rank, world_size, mesh=mesh, mesh_dims=mesh_dims)
+        return TorchDataset(self, topology, seed)
 
     def prefetch(self, depth: int = 2) -> DataPipe[T]:
         """Compute up to ``depth`` items ahead on a background thread."""

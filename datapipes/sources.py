@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -25,6 +26,9 @@ class SequenceSource(DataPipe[Any]):
 
     def random_access(self) -> tuple[Sequence[Any], tuple[Callable[[Any], Any], ...]]:
         return self.args[0], ()
+
+    def consumer_length(self, ctx: Context) -> int:
+        return len(builtins.range(ctx.consumer_index, len(self.args[0]), ctx.num_consumers))
 
     def _build(self, ctx: Context) -> Node[Any]:
         return SequenceNode(self.args[0], ctx)
@@ -50,8 +54,6 @@ def range(start: int, stop: int | None = None, step: int = 1) -> DataPipe[int]: 
     >>> list(dp.Loader(dp.range(2, 8, 2)))
     [2, 4, 6]
     """
-    import builtins
-
     values = builtins.range(start) if stop is None else builtins.range(start, stop, step)
     return RangeSource(values)
 

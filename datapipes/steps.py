@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from datapipes.pipe import DataPipe
 from nodes import (
     BatchNode,
@@ -23,7 +25,9 @@ from nodes import (
     unbatch_items,
 )
 from nodes.decode import DecodeNode, SampleDecoder, default_decoders
+from nodes.device import PinMemoryNode, ToDeviceNode
 from nodes.errors import ErrorPolicy, check_on_error
+from nodes.shard import ShardNode, WholeDataContext
 
 
 def _positive(name: str, value: int) -> int:
@@ -42,6 +46,7 @@ class Map(DataPipe[Any]):
     """``fn(item)`` for every item."""
 
     name = "map"
+    consumer_length = DataPipe._upstream_length
 
     def __init__(self, upstream: DataPipe[Any], fn: Callable[[Any], Any]) -> None:
         super().__init__(upstream, args=(_callable("map", fn),))
@@ -91,6 +96,7 @@ class Shuffle(DataPipe[Any]):
     """A global shuffle of random-access data, or a buffer shuffle of a stream."""
 
     name = "shuffle"
+    consumer_length = DataPipe._upstream_length
 
     def __init__(
         self, upstream: DataPipe[Any], *, buffer_size: int | None, seed: int | None
@@ -138,6 +144,13 @@ class Batch(DataPipe[Any]):
             kwargs["collate_fn"] = _callable("batch collate_fn", collate_fn)
         super().__init__(upstream, args=(_positive("batch size", size),), **kwargs)
 
+    def consumer_length(self, ctx: Context) -> int | None:
+        n = self._upstream_length(ctx)
+        if n is None:
+            return None
+        size = self.args[0]
+        return n // size if self.kwargs.get("drop_last") else -(-n // size)
+
     def _build(self, ctx: Context) -> Node[Any]:
         return BatchNode(
             self.inputs[0].build(ctx),
@@ -157,6 +170,10 @@ class Take(DataPipe[Any]):
             raise ValueError(f"take count must be an int >= 0, got {count!r}")
         super().__init__(upstream, args=(count,))
 
+    def consumer_length(self, ctx: Context) -> int | None:
+        n = self._upstream_length(ctx)
+        return None if n is None else min(n, self.args[0])
+
     def _build(self, ctx: Context) -> Node[Any]:
         return TakeNode(self.inputs[0].build(ctx), self.args[0])
 
@@ -171,6 +188,10 @@ class Repeat(DataPipe[Any]):
             _positive("repeat times", times)
         super().__init__(upstream, args=() if times is None else (times,))
 
+    def consumer_length(self, ctx: Context) -> int | None:
+        n = self._upstream_length(ctx)
+        return None if n is None or not self.args else n * self.args[0]
+
     def _build(self, ctx: Context) -> Node[Any]:
         scope = ScopedContext(ctx)
         times = self.args[0] if self.args else None
@@ -181,6 +202,7 @@ class Prefetch(DataPipe[Any]):
     """The upstream, computed ``depth`` items ahead on a background thread."""
 
     name = "prefetch"
+    consumer_length = DataPipe._upstream_length
 
     def __init__(self, upstream: DataPipe[Any], depth: int) -> None:
         super().__init__(upstream, args=(_positive("prefetch depth", depth),))
@@ -219,6 +241,9 @@ class Decode(DataPipe[Any]):
             kwargs["on_error"] = on_error
         super().__init__(upstream, **kwargs)
 
+    def consumer_length(self, ctx: Context) -> int | None:
+        return None if self.kwargs.get("on_error") == "skip" else self._upstream_length(ctx)
+
     def _build(self, ctx: Context) -> Node[Any]:
         decoders = default_decoders(
             self.kwargs.get("image", "chw"), self.kwargs.get("image_mode", "RGB")
@@ -226,3 +251,43 @@ class Decode(DataPipe[Any]):
         decoders.update(self.kwargs.get("decoders", {}))
         errors = ErrorPolicy(self.kwargs.get("on_error", "raise"), repr(self))
         return DecodeNode(self.inputs[0].build(ctx), SampleDecoder(decoders, errors))
+
+
+class Shard(DataPipe[Any]):
+    """Every consumer's share of a stream that all consumers read in full."""
+
+    name = "shard"
+
+    def consumer_length(self, ctx: Context) -> int | None:
+        n = self.inputs[0].consumer_length(WholeDataContext(ctx))
+        return None if n is None else len(range(ctx.consumer_index, n, ctx.num_consumers))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return ShardNode(self.inputs[0].build(WholeDataContext(ctx)), ctx)
+
+
+class PinMemory(DataPipe[Any]):
+    """Items with their tensors in page-locked memory (main process)."""
+
+    name = "pin_memory"
+    consumer_length = DataPipe._upstream_length
+    main_process_only = True
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return PinMemoryNode(self.inputs[0].build(ctx))
+
+
+class ToDevice(DataPipe[Any]):
+    """Items with their tensors on a device (main process)."""
+
+    name = "to_device"
+    consumer_length = DataPipe._upstream_length
+    main_process_only = True
+
+    def __init__(self, upstream: DataPipe[Any], device: str | torch.device | None) -> None:
+        if device is not None:
+            device = str(torch.device(device))  # validates the name, keeps the recipe plain
+        super().__init__(upstream, args=() if device is None else (device,))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return ToDeviceNode(self.inputs[0].build(ctx), self.args[0] if self.args else None)

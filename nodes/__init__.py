@@ -9,14 +9,18 @@ from nodes.batch import BatchNode, unbatch_items
 from nodes.collate import default_collate, no_collate
 from nodes.combine import ConcatNode, MixNode, ZipNode
 from nodes.decode import DecodeNode, SampleDecoder
+from nodes.device import PinMemoryNode, ToDeviceNode, apply_to_tensors
 from nodes.errors import BadRecordError, ErrorPolicy
+from nodes.even import EvenBatchesNode
 from nodes.files import FileListNode, FileSet
 from nodes.prefetch import PrefetchNode
 from nodes.readers import FileReaderNode, RecordFormat
 from nodes.rng import IndexPermutation, UniformStream, stable_hash
+from nodes.shard import ShardNode, WholeDataContext
 from nodes.shuffle import BufferShuffleNode
 from nodes.sources import IterableNode, SequenceNode
 from nodes.transforms import FilterNode, FlatMapNode, MapNode, RepeatNode, TakeNode
+from nodes.workers import WorkerStreamNode
 
 __all__ = [
     "BadRecordError",
@@ -26,6 +30,7 @@ __all__ = [
     "Context",
     "DecodeNode",
     "ErrorPolicy",
+    "EvenBatchesNode",
     "FileListNode",
     "FileReaderNode",
     "FileSet",
@@ -36,16 +41,22 @@ __all__ = [
     "MapNode",
     "MixNode",
     "Node",
+    "PinMemoryNode",
     "PrefetchNode",
     "RecordFormat",
     "RepeatNode",
     "SampleDecoder",
     "ScopedContext",
     "SequenceNode",
+    "ShardNode",
     "State",
     "TakeNode",
+    "ToDeviceNode",
     "UniformStream",
+    "WholeDataContext",
+    "WorkerStreamNode",
     "ZipNode",
+    "apply_to_tensors",
     "default_collate",
     "no_collate",
     "stable_hash",

@@ -151,6 +151,14 @@ class Node(Iterator[T]):
         return self
 
 
+def walk_graph(node: Node | None) -> Iterator[Node]:
+    """Every node of a built graph, from ``node`` up through all of its inputs."""
+    if node is not None:
+        yield node
+        for upstream in node.inputs:
+            yield from walk_graph(upstream)
+
+
 class NotReset:
     """Placeholder iterator for a node that has not been reset yet."""
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
+
+from nodes.base import walk_graph
 
 ON_ERROR_CHOICES = ("raise", "skip")
 
@@ -63,3 +66,13 @@ class ErrorPolicy:
 
 class BadRecordWarning(UserWarning):
     """The first bad record a step skipped under ``on_error="skip"``."""
+
+
+def skip_counts(root: Any) -> dict[str, int]:
+    """Bad records skipped so far by each step of a built graph, keyed by the step's recipe."""
+    counts: dict[str, int] = {}
+    for node in walk_graph(root):
+        policy = getattr(node, "errors", None)
+        if isinstance(policy, ErrorPolicy) and policy.skip:
+            counts[policy.step] = counts.get(policy.step, 0) + policy.count
+    return counts

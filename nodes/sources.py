@@ -156,8 +156,9 @@ class IterableNode(Node):
         if ctx.num_consumers > 1:
             raise ValueError(
                 f"from_iterable(...) cannot split its items across {ctx.num_consumers} "
-                "consumers: every consumer would read every item. Use a random-access "
-                "source (dp.from_sequence) or shard the iterable explicitly."
+                "consumers: every consumer would read every item (the classic IterableDataset "
+                "+ num_workers duplication). Add .shard() after it (each consumer keeps every "
+                "n-th item), or use a source that shards itself (dp.from_sequence, dp.files)."
             )
         self._is_factory = is_factory(source)
         if not self._is_factory:

@@ -1,0 +1,59 @@
+"""Which steps run in worker processes and which in the main process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from datapipes.pipe import DataPipe
+
+
+def runs_in_main_process(pipe: DataPipe[Any]) -> bool:
+    """Whether a step must run in the main process (``pin_memory``, ``to_device``)."""
+    return bool(getattr(pipe, "main_process_only", False))
+
+
+def split_main_steps(pipe: DataPipe[Any]) -> tuple[DataPipe[Any], list[DataPipe[Any]]]:
+    """``(worker_part, main_steps)``: the recipe below the first main-process step, and the rest.
+
+    The first main-process step on the recipe's chain and every step after it
+    run in the main process (``main_steps``, upstream first); the recipe below
+    it runs in the workers. A main-process step inside a branch of ``zip``,
+    ``mix`` or ``concat`` is an error, since a branch runs in the workers.
+    """
+    spine = [pipe]
+    while len(spine[-1].inputs) == 1:
+        spine.append(spine[-1].inputs[0])
+    main_at = [i for i, step in enumerate(spine) if runs_in_main_process(step)]
+    if not main_at:
+        check_no_main_steps(pipe)
+        return pipe, []
+    first = max(main_at)
+    worker_part = spine[first].inputs[0]
+    check_no_main_steps(worker_part)
+    return worker_part, spine[first::-1]
+
+
+def check_no_main_steps(pipe: DataPipe[Any]) -> None:
+    """Refuse a recipe that has a main-process step where workers would run it."""
+    stack = [pipe]
+    while stack:
+        step = stack.pop()
+        if runs_in_main_process(step):
+            raise ValueError(
+                f".{step.describe_step()} must run in the main process, but here it sits where "
+                "worker processes would run it (inside a zip/mix/concat branch, or in a recipe "
+                "given to as_torch_dataset()). Apply it last, to the combined pipe; with your "
+                "own DataLoader use its pin_memory=True and move batches in the training loop."
+            )
+        stack.extend(step.inputs)
+
+
+def rebuild_on(base: DataPipe[Any], steps: Sequence[DataPipe[Any]]) -> DataPipe[Any]:
+    """The chain of single-input ``steps`` (upstream first) re-applied on top of ``base``."""
+    from datapipes.pipe import _rebuild
+
+    for step in steps:
+        base = _rebuild(type(step), {**step.__dict__, "inputs": (base,)})
+    return base

@@ -1,0 +1,126 @@
+"""A recipe as a torch ``IterableDataset`` that shards itself and resumes exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch.utils.data
+
+from datapipes.placement import check_no_main_steps
+from datapipes.topology import Topology
+from nodes import Context, Node
+from nodes.errors import skip_counts
+
+if TYPE_CHECKING:
+    from datapipes.pipe import DataPipe
+
+
+class TorchDataset(torch.utils.data.IterableDataset):
+    """An ``IterableDataset`` over a recipe, for users who keep their own DataLoader.
+
+    In each DataLoader worker it builds the recipe for its consumer slot
+    (rank, worker), so the data is dealt across ``world_size * num_workers``
+    consumers and every item reaches exactly one of them, under torch's
+    ``DataLoader`` and torchdata's ``StatefulDataLoader`` alike. With a
+    ``StatefulDataLoader`` its ``state_dict``/``load_state_dict`` give exact
+    mid-epoch resume, prefetched items included.
+
+    Epochs: call ``set_epoch(e)`` before each epoch, as with torch's
+    ``DistributedSampler``. Without it, each new pass over the same dataset
+    object (``num_workers=0`` or ``persistent_workers=True``) runs the next
+    epoch, and a fresh copy in new workers runs epoch 0 again.
+
+    >>> import datapipes as dp
+    >>> from torch.utils.data import DataLoader
+    >>> ds = dp.range(8).as_torch_dataset()
+    >>> sorted(DataLoader(ds, batch_size=None, num_workers=0))
+    [0, 1, 2, 3, 4, 5, 6, 7]
+    """
+
+    def __init__(self, pipe: DataPipe[Any], topology: Topology, seed: int = 0) -> None:
+        check_no_main_steps(pipe)
+        self.pipe = pipe
+        self.topology = topology
+        self.seed = int(seed)
+        self._epoch = 0
+        self._last_epoch: int | None = None
+        self._pending: dict[str, Any] | None = None
+        self._root: Node[Any] | None = None
+        self._ctx: Context | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass run ``epoch`` (forgets a loaded but unused state)."""
+        self._epoch = int(epoch)
+        self._last_epoch = None
+        self._pending = None
+
+    def _context(self) -> Context:
+        info = torch.utils.data.get_worker_info()
+        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is None:
+            self.topology.check_against_torch_distributed()
+        return Context(
+            rank=self.topology.rank,
+            world_size=self.topology.world_size,
+            worker_id=worker_id,
+            num_workers=num_workers,
+            seed=self.seed,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        ctx = self._context()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._check_consumer(pending, ctx)
+            ctx.epoch = int(pending["epoch"])
+        elif self._last_epoch is not None:
+            ctx.epoch = self._last_epoch + 1
+        else:
+            ctx.epoch = self._epoch
+        self._last_epoch = ctx.epoch
+        if self._root is not None:
+            self._root.close()
+        root = self._root = self.pipe.build(ctx)
+        self._ctx = ctx
+        root.reset(None if pending is None else pending["node"])
+        return _closing(root)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's position: epoch, consumer slot and node state (plain data)."""
+        if self._root is None or self._ctx is None:
+            return dict(self._pending) if self._pending is not None else {}
+        ctx = self._ctx
+        return {
+            "epoch": ctx.epoch,
+            "consumer": [ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers],
+            "node": self._root.state_dict(),
+            "skipped": skip_counts(self._root),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next pass continue from ``state`` (taken by :meth:`state_dict`)."""
+        self._pending = dict(state) if state else None
+
+    @staticmethod
+    def _check_consumer(state: dict[str, Any], ctx: Context) -> None:
+        ours = [ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers]
+        if list(state["consumer"]) != ours:
+            saved = state["consumer"]
+            raise ValueError(
+                f"this state belongs to rank {saved[0]} of {saved[1]}, worker {saved[2]} of "
+                f"{saved[3]}, but it is loaded into rank {ours[0]} of {ours[1]}, worker "
+                f"{ours[2]} of {ours[3]}; resume with the same world size and num_workers"
+            )
+
+    def __repr__(self) -> str:
+        rank, world = self.topology.rank, self.topology.world_size
+        return f"TorchDataset({self.pipe!r}, rank={rank}, world_size={world})"
+
+
+def _closing(root: Node[Any]) -> Iterator[Any]:
+    """Yields the root's items and closes it (threads, files) when the pass ends or is dropped."""
+    try:
+        yield from iter(root)
+    finally:
+        root.close()

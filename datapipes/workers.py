@@ -1,0 +1,125 @@
+"""How a Loader lays a recipe out over worker processes, the main process and the ranks."""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any
+
+from datapipes.pipe import DataPipe
+from datapipes.placement import rebuild_on, split_main_steps
+from datapipes.topology import Topology
+from datapipes.torch_dataset import TorchDataset
+from nodes import Context, Node
+from nodes.base import walk_graph
+from nodes.errors import skip_counts
+from nodes.workers import WorkerStreamNode
+
+
+class InWorkers(DataPipe[Any]):
+    """The part of a recipe that runs in DataLoader worker processes (built by a Loader)."""
+
+    name = "in_workers"
+
+    def __init__(self, dataset: TorchDataset, num_workers: int, options: dict[str, Any]) -> None:
+        super().__init__(args=(dataset.pipe, num_workers))
+        object.__setattr__(self, "_dataset", dataset)
+        object.__setattr__(self, "_options", options)
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return WorkerStreamNode(
+            self._dataset,  # type: ignore[attr-defined]
+            self.args[1],
+            lambda: ctx.epoch,
+            **self._options,  # type: ignore[attr-defined]
+        )
+
+
+def main_process_recipe(
+    pipe: DataPipe[Any],
+    topology: Topology,
+    seed: int,
+    num_workers: int,
+    options: dict[str, Any],
+) -> DataPipe[Any]:
+    """``pipe`` with everything before its main-process steps moved into worker processes."""
+    worker_part, main_steps = split_main_steps(pipe)
+    check_buildable(worker_part, topology, num_workers, seed)
+    dataset = TorchDataset(worker_part, topology, seed)
+    return rebuild_on(InWorkers(dataset, num_workers, options), main_steps)
+
+
+def check_buildable(pipe: DataPipe[Any], topology: Topology, num_workers: int, seed: int) -> None:
+    """Build the worker part once here, so a recipe that cannot be split fails in this process.
+
+    Building opens nothing; a source that would hand every consumer the same
+    data (``from_iterable`` without ``shard()``) raises its explanation now,
+    not from inside a worker.
+    """
+    ctx = Context(
+        rank=topology.rank,
+        world_size=topology.world_size,
+        num_workers=max(num_workers, 1),
+        seed=seed,
+    )
+    pipe.build(ctx).close()
+
+
+def worker_skip_counts(root: Node[Any] | None) -> dict[str, int]:
+    """Bad records skipped per step, in this process's graph and in the worker processes."""
+    counts = skip_counts(root)
+    for node in walk_graph(root):
+        if isinstance(node, WorkerStreamNode):
+            for state in node.worker_states():
+                for step, count in (state or {}).get("skipped", {}).items():
+                    counts[step] = counts.get(step, 0) + count
+    return counts
+
+
+_COUNT_PRESERVING = ("map", "shuffle", "prefetch", "pin_memory", "to_device")
+
+
+def items_per_rank(
+    pipe: DataPipe[Any], world_size: int, num_workers: int, seed: int, epoch: int
+) -> list[int]:
+    """How many items each rank's Loader yields in ``epoch``, computed without communication.
+
+    From :meth:`DataPipe.consumer_length` when the recipe's counts are known
+    (sequences and count-keeping steps: no data is read), else by running
+    every consumer's part of the pipeline and counting (a full pass over the
+    epoch's data). Used by ``even_batches`` when ranks cannot talk through
+    ``torch.distributed``.
+    """
+    worker_part, main_steps = split_main_steps(pipe)
+    changing = [step for step in main_steps if step.name not in _COUNT_PRESERVING]
+    if changing:
+        raise ValueError(
+            f"even_batches without torch.distributed counts items in the workers, but "
+            f".{changing[0].describe_step()} runs in the main process and changes the count; "
+            "move it before pin_memory()/to_device(), or initialize torch.distributed"
+        )
+    workers = max(num_workers, 1)
+    counts = []
+    for rank in range(world_size):
+        total = 0
+        for worker in range(workers):
+            ctx = Context(
+                rank=rank,
+                world_size=world_size,
+                worker_id=worker,
+                num_workers=workers,
+                epoch=epoch,
+                seed=seed,
+            )
+            known = worker_part.consumer_length(ctx)
+            total += _count_by_running(worker_part, ctx) if known is None else known
+        counts.append(total)
+    return counts
+
+
+def _count_by_running(pipe: DataPipe[Any], ctx: Context) -> int:
+    root = pipe.build(ctx)
+    try:
+        root.reset(None)
+        return sum(1 for _ in chain(root))
+    finally:
+        root.close()

@@ -1,0 +1,159 @@
+"""Main-process steps that hand batches to the accelerator: pin_memory and to_device."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from nodes.base import Node, State
+
+
+def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``item`` with ``fn`` applied to every tensor in it (dicts, lists, tuples, dataclasses).
+
+    Named tuples and dataclasses keep their type; anything else is returned as is.
+
+    >>> apply_to_tensors({"x": torch.zeros(2), "id": 3}, lambda t: t + 1)
+    {'x': tensor([1., 1.]), 'id': 3}
+    """
+    if isinstance(item, torch.Tensor):
+        return fn(item)
+    if isinstance(item, dict):
+        return type(item)((k, apply_to_tensors(v, fn)) for k, v in item.items())
+    if isinstance(item, list):
+        return [apply_to_tensors(v, fn) for v in item]
+    if isinstance(item, tuple):
+        values = [apply_to_tensors(v, fn) for v in item]
+        return type(item)(*values) if hasattr(item, "_fields") else type(item)(values)
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        changes = {
+            f.name: apply_to_tensors(getattr(item, f.name), fn) for f in dataclasses.fields(item)
+        }
+        return dataclasses.replace(item, **changes)
+    return item
+
+
+def can_pin_memory() -> bool:
+    """Whether page-locked memory is available (it needs an accelerator such as CUDA)."""
+    return torch.cuda.is_available()
+
+
+def _pin(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.is_pinned() else tensor.pin_memory()
+
+
+class _OneToOne(Node):
+    """A main-process step that transforms each item and keeps upstream's position."""
+
+    def __init__(self, upstream: Node) -> None:
+        super().__init__(upstream)
+        self._up = upstream
+
+    def reset(self, state: State | None = None) -> None:
+        self._up.reset(state)
+
+    def state_dict(self) -> State:
+        return self._up.state_dict()
+
+
+class PinMemoryNode(_OneToOne):
+    """Copies the tensors of every item into page-locked memory, for fast host-to-device copies.
+
+    Without an accelerator page-locked memory does not exist, and items pass
+    through unchanged.
+    """
+
+    def __init__(self, upstream: Node) -> None:
+        super().__init__(upstream)
+        self._enabled = can_pin_memory()
+
+    def __next__(self) -> Any:
+        item = next(self._up)
+        return apply_to_tensors(item, _pin) if self._enabled else item
+
+
+class ToDeviceNode(_OneToOne):
+    """Moves the tensors of every item to ``device``.
+
+    On CUDA the copies are issued with ``non_blocking=True`` on a side stream,
+    so the copy of the next batch overlaps the compute on the current one;
+    the compute stream waits for the copy on the GPU (not on the CPU), the
+    copied tensors are marked as used by the compute stream so their memory
+    is not recycled early, and the source item is kept alive until its copy
+    has finished. Copies from pinned memory are the ones that truly overlap:
+    put ``pin_memory()`` before this step.
+
+    ``device=None`` means the current CUDA device when CUDA is available and
+    no copy at all otherwise. Any other device is a plain ``.to(device)``.
+    """
+
+    def __init__(self, upstream: Node, device: str | torch.device | None = None) -> None:
+        super().__init__(upstream)
+        self.device = resolve_device(device)
+        self._cuda = self.device is not None and self.device.type == "cuda"
+        self._stream: Any = None
+        self._in_flight: list[tuple[Any, Any]] = []
+
+    def __next__(self) -> Any:
+        item = next(self._up)
+        if self.device is None:
+            return item
+        if not self._cuda:
+            return apply_to_tensors(item, self._plain_copy)
+        return self._cuda_copy(item)
+
+    def _plain_copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device)
+
+    def _cuda_copy(self, item: Any) -> Any:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        # Sources whose copy has finished may be freed now.
+        self._in_flight = [entry for entry in self._in_flight if not entry[0].query()]
+        compute = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(compute)  # the source may have been written on compute
+        with torch.cuda.stream(self._stream):
+            moved = apply_to_tensors(item, self._async_copy)
+        done = torch.cuda.Event()
+        done.record(self._stream)
+        compute.wait_event(done)
+        apply_to_tensors(moved, lambda t: _record_on(t, compute))
+        self._in_flight.append((done, item))
+        return moved
+
+    def _async_copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, non_blocking=True)
+
+    def close(self) -> None:
+        for done, _ in self._in_flight:
+            done.synchronize()
+        self._in_flight = []
+        super().close()
+
+
+def _record_on(tensor: torch.Tensor, stream: Any) -> torch.Tensor:
+    tensor.record_stream(stream)
+    return tensor
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device | None:
+    """The device ``to_device`` copies to: ``None`` picks CUDA when present, else no copy.
+
+    A named CUDA device on a machine without CUDA is an error that says so.
+    """
+    if device is None:
+        return (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        )
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"to_device({str(device)!r}): CUDA is not available on this machine; use "
+            "to_device() to copy only when CUDA is present, or name another device"
+        )
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device

@@ -1,0 +1,136 @@
+"""Items computed in DataLoader worker processes, as a node of the main-process graph."""
+
+from __future__ import annotations
+
+import signal
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from nodes.base import Node, NotReset, State
+
+
+def stateful_dataloader(dataset: Any, num_workers: int, **options: Any) -> Any:
+    """A torchdata ``StatefulDataLoader`` over ``dataset`` yielding its items unbatched."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    with warnings.catch_warnings():
+        # torchdata calls a torch API deprecated in torch >= 2.6 on every construction.
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        return StatefulDataLoader(
+            dataset, batch_size=None, num_workers=num_workers, snapshot_every_n_steps=1, **options
+        )
+
+
+class WorkerDiedError(RuntimeError):
+    """A DataLoader worker process ended abruptly (a signal, ``os._exit``, the OOM killer)."""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class WorkerStreamNode(Node):
+    """Runs a dataset in ``num_workers`` processes through torchdata's ``StatefulDataLoader``.
+
+    ``dataset`` is a :class:`datapipes.TorchDataset` (an ``IterableDataset``
+    that shards itself by worker and resumes exactly); ``epoch()`` gives the
+    epoch to run at each ``reset``. Workers take turns: item ``k`` comes from
+    worker ``k mod num_workers`` while all of them have items, then from the
+    ones that still do, the same order every run.
+
+    State: the ``StatefulDataLoader`` state, which holds every worker's
+    dataset state as of the last item *returned* here (items already computed
+    by the workers but not yet returned are computed again after a resume) and
+    which worker is next. Errors in a worker are raised here with the worker's
+    traceback; a worker that dies ends the epoch with an error naming it.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_workers: int,
+        epoch: Callable[[], int],
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        if num_workers < 1:
+            raise ValueError(f"WorkerStreamNode needs num_workers >= 1, got {num_workers}")
+        self._dataset = dataset
+        self._num_workers = num_workers
+        self._epoch = epoch
+        self._options = options
+        self._loader: Any = None
+        self._it: Iterator[Any] = NotReset(self)
+        self._ended = False
+        self._closed_state: State | None = None
+
+    def reset(self, state: State | None = None) -> None:
+        self._shutdown()
+        self._closed_state = None
+        self._dataset.set_epoch(self._epoch())
+        self._loader = stateful_dataloader(self._dataset, self._num_workers, **self._options)
+        self._ended = state is not None and bool(state.get("ended"))
+        if state is not None and not self._ended:
+            self._loader.load_state_dict(state["dataloader"])
+        self._it = iter(()) if self._ended else iter(self._loader)
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._ended = True
+            self._shutdown()
+            raise
+        except RuntimeError as error:
+            dead = self._dead_workers()
+            if not dead:
+                raise
+            self._shutdown()
+            raise WorkerDiedError(
+                f"DataLoader {dead} died during epoch {self._epoch()}; the epoch cannot "
+                "continue. Common causes: the machine ran out of memory (the kernel's OOM "
+                "killer sends SIGKILL), or native code crashed. Resume from the last checkpoint."
+            ) from error
+
+    def _dead_workers(self) -> str:
+        """``"worker 1 (pid 123, killed by SIGKILL)"`` for each worker process that has died."""
+        found = []
+        for worker_id, process in enumerate(getattr(self._it, "_workers", [])):
+            code = process.exitcode
+            if code is None or code == 0:
+                continue
+            how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit code {code}"
+            found.append(f"worker {worker_id} (pid {process.pid}, {how})")
+        return ", ".join(found)
+
+    def state_dict(self) -> State:
+        if self._closed_state is not None:
+            return dict(self._closed_state)
+        if self._ended or self._loader is None:
+            return {"ended": self._ended}
+        return {"ended": False, "dataloader": self._loader.state_dict()}
+
+    def worker_states(self) -> list[Any]:
+        """Each worker's dataset state as of the last item returned (``None`` before any)."""
+        if self._loader is None or self._ended:
+            return []
+        snapshots = self._loader.state_dict()["_snapshot"]["_worker_snapshots"]
+        return [
+            snapshots.get(f"worker_{w}", {}).get("dataset_state") for w in range(self._num_workers)
+        ]
+
+    def _shutdown(self) -> None:
+        it = self._it
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._it = NotReset(self)
+
+    def close(self) -> None:
+        if self._closed_state is None and self._loader is not None:
+            self._closed_state = self.state_dict()
+        self._shutdown()
