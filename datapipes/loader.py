@@ -21,8 +21,6 @@ _DATALOADER_OPTIONS = frozenset(
         "timeout",
         "multiprocessing_context",
         "worker_init_fn",
-        "persistent_workers",
-        "in_order",
     }
 )
 
@@ -59,8 +57,10 @@ class Loader:
     reading its own share; ``pin_memory()``, ``to_device()`` and the steps
     after them run in this process. ``state_dict()`` then covers every worker,
     items computed ahead included. ``prefetch_factor``, ``timeout``,
-    ``multiprocessing_context``, ``worker_init_fn`` and ``persistent_workers``
-    go to the DataLoader. A worker's error is raised here with its traceback.
+    ``multiprocessing_context`` and ``worker_init_fn`` go to the DataLoader.
+    Workers start afresh each epoch (that is what lets a resumed or
+    ``set_epoch`` epoch reach them). A worker's error is raised here with its
+    traceback.
 
     **Even epochs.** With ``even_batches`` every rank yields the same number of
     items per epoch (the extra items of the fuller ranks are dropped, with an

@@ -49,6 +49,10 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self._root: Node[Any] | None = None
         self._ctx: Context | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy sent to a worker starts clean: the live graph (files, threads) stays here.
+        return {**self.__dict__, "_root": None, "_ctx": None}
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass run ``epoch`` (forgets a loaded but unused state)."""
         self._epoch = int(epoch)

@@ -128,7 +128,7 @@ class WorkerStreamNode(Node):
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
-        self._it = NotReset(self)
+        self._it = iter(())
 
     def close(self) -> None:
         if self._closed_state is None and self._loader is not None:
