@@ -9,7 +9,12 @@ from typing import Any
 
 from datapipes.pipe import DataPipe
 from datapipes.topology import Topology, resolve_topology
-from datapipes.workers import items_per_rank, main_process_recipe, worker_skip_counts
+from datapipes.workers import (
+    check_buildable,
+    items_per_rank,
+    main_process_recipe,
+    worker_skip_counts,
+)
 from nodes import Context, Node
 from nodes.even import CollectiveAgreement, CountedAgreement, EvenBatchesNode, RankAgreement
 
@@ -120,6 +125,12 @@ class Loader:
         self.rank, self.world_size = self.topology.rank, self.topology.world_size
         self.num_workers = num_workers
         self._context = Context(rank=self.rank, world_size=self.world_size, seed=self.seed)
+        prefetch_factor = dataloader_options.get("prefetch_factor", 2)
+        if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
+        # Fails here, not at the first item: main-process steps in a branch, a source that
+        # would hand every consumer the same data.
+        check_buildable(pipe, self.topology, num_workers, self.seed)
         self._runtime_pipe = (
             main_process_recipe(pipe, self.topology, self.seed, num_workers, dataloader_options)
             if num_workers

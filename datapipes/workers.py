@@ -43,25 +43,26 @@ def main_process_recipe(
 ) -> DataPipe[Any]:
     """``pipe`` with everything before its main-process steps moved into worker processes."""
     worker_part, main_steps = split_main_steps(pipe)
-    check_buildable(worker_part, topology, num_workers, seed)
     dataset = TorchDataset(worker_part, topology, seed)
     return rebuild_on(InWorkers(dataset, num_workers, options), main_steps)
 
 
 def check_buildable(pipe: DataPipe[Any], topology: Topology, num_workers: int, seed: int) -> None:
-    """Build the worker part once here, so a recipe that cannot be split fails in this process.
+    """Build the recipe once (as worker 0 would), so a recipe that cannot run fails right away.
 
-    Building opens nothing; a source that would hand every consumer the same
-    data (``from_iterable`` without ``shard()``) raises its explanation now,
-    not from inside a worker.
+    Building opens nothing. A main-process step where workers would run it,
+    or a source that would hand every consumer the same data
+    (``from_iterable`` without ``shard()``), raises its explanation now, not
+    at the first item or from inside a worker.
     """
+    worker_part, _ = split_main_steps(pipe)
     ctx = Context(
         rank=topology.rank,
         world_size=topology.world_size,
         num_workers=max(num_workers, 1),
         seed=seed,
     )
-    pipe.build(ctx).close()
+    worker_part.build(ctx).close()
 
 
 def worker_skip_counts(root: Node[Any] | None) -> dict[str, int]:

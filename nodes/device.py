@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +22,13 @@ def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> A
     """
     if isinstance(item, torch.Tensor):
         return fn(item)
-    if isinstance(item, dict):
-        return type(item)((k, apply_to_tensors(v, fn)) for k, v in item.items())
+    if type(item) is dict:
+        return {k: apply_to_tensors(v, fn) for k, v in item.items()}
+    if isinstance(item, dict):  # OrderedDict, defaultdict, ...: a copy keeps type and extras
+        out = copy.copy(item)
+        for k, v in item.items():
+            out[k] = apply_to_tensors(v, fn)
+        return out
     if isinstance(item, list):
         return [apply_to_tensors(v, fn) for v in item]
     if isinstance(item, tuple):

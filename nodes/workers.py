@@ -10,15 +10,25 @@ from typing import Any
 from nodes.base import Node, NotReset, State
 
 
+def keep_as_is(item: Any) -> Any:
+    """The DataLoader's collate for items the pipeline made: unchanged (no tuple -> list)."""
+    return item
+
+
 def stateful_dataloader(dataset: Any, num_workers: int, **options: Any) -> Any:
-    """A torchdata ``StatefulDataLoader`` over ``dataset`` yielding its items unbatched."""
+    """A torchdata ``StatefulDataLoader`` over ``dataset`` yielding its items as they are."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     with warnings.catch_warnings():
         # torchdata calls a torch API deprecated in torch >= 2.6 on every construction.
         warnings.filterwarnings("ignore", message=".*set_vital.*")
         return StatefulDataLoader(
-            dataset, batch_size=None, num_workers=num_workers, snapshot_every_n_steps=1, **options
+            dataset,
+            batch_size=None,
+            collate_fn=keep_as_is,  # the default would turn tuples into lists, arrays to tensors
+            num_workers=num_workers,
+            snapshot_every_n_steps=1,
+            **options,
         )
 
 
@@ -85,11 +95,14 @@ class WorkerStreamNode(Node):
             self._ended = True
             self._shutdown()
             raise
-        except RuntimeError as error:
-            dead = self._dead_workers()
+        except BaseException as error:
+            # The epoch cannot go on: keep the position of the last item returned, stop the
+            # workers now rather than when the garbage collector finds the iterator.
+            dead = self._dead_workers() if isinstance(error, RuntimeError) else ""
+            self._closed_state = self.state_dict()
+            self._shutdown()
             if not dead:
                 raise
-            self._shutdown()
             raise WorkerDiedError(
                 f"DataLoader {dead} died during epoch {self._epoch()}; the epoch cannot "
                 "continue. Common causes: the machine ran out of memory (the kernel's OOM "

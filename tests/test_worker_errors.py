@@ -1,0 +1,318 @@
+"""Worker processes: duplicated streams refused, worker errors and deaths reported, nothing
+left running afterwards, and Loader arguments checked.
+
+Every test here starts real DataLoader worker processes. A per-test timeout turns a hang
+(a lost worker the main process waits for forever) into a failure instead of a stalled suite.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from itertools import islice
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import datapipes as dp
+from nodes.testing import roundtrip_state
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_from_the_environment(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+# ----- helpers (module level, so DataLoader workers could pickle them) ------------------------
+
+
+class CorruptSampleError(Exception):
+    """A user exception type the main process must see again, unchanged."""
+
+
+def fail_on_13(x: int) -> int:
+    if x == 13:
+        raise CorruptSampleError(f"sample {x} is corrupt")
+    return 10 * x
+
+
+def die_on_9(x: int) -> int:
+    if x == 9:
+        if torch.utils.data.get_worker_info() is None:  # never kill the test process itself
+            raise AssertionError("die_on_9 ran in the main process, not in a worker")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def letters() -> list[str]:
+    return [f"s{i}" for i in range(23)]
+
+
+def new_children(before: set[Any], wait_s: float = 10.0) -> list[Any]:
+    """Child processes started since ``before`` that are still alive after up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [p for p in multiprocessing.active_children() if p not in before]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def new_non_daemon_threads(before: set[threading.Thread], wait_s: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [
+            t.name
+            for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.daemon
+        ]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def snapshot() -> tuple[set[Any], set[threading.Thread]]:
+    return set(multiprocessing.active_children()), set(threading.enumerate())
+
+
+def assert_nothing_left(before: tuple[set[Any], set[threading.Thread]]) -> None:
+    children, threads = before
+    assert new_children(children) == [], "worker processes still running"
+    assert new_non_daemon_threads(threads) == [], "non-daemon threads still running"
+
+
+# ----- duplicated streams -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "topology",
+    [
+        {"num_workers": 2},
+        {"rank": 1, "world_size": 2, "num_workers": 1},
+        {"rank": 2, "world_size": 3, "num_workers": 2},
+    ],
+    ids=["2-workers", "2-ranks-1-worker", "3-ranks-2-workers"],
+)
+def test_from_iterable_in_several_workers_is_refused_when_the_loader_is_built(topology):
+    before = snapshot()
+    with pytest.raises(ValueError, match=r"shard\(\)") as info:
+        dp.Loader(dp.from_iterable(lambda: iter(range(10))), **topology)
+    consumers = topology.get("world_size", 1) * topology["num_workers"]
+    assert f"{consumers} consumers" in str(info.value)
+    assert "every consumer would read every item" in str(info.value)
+    assert_nothing_left(before)  # refused before any worker started
+
+
+def test_from_iterable_over_several_ranks_is_refused_when_the_loader_is_built():
+    with pytest.raises(ValueError, match=r"shard\(\)"):
+        dp.Loader(dp.from_iterable(lambda: iter(range(10))), rank=0, world_size=2)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_from_iterable_with_shard_splits_across_ranks_and_workers(num_workers):
+    seen = []
+    for rank in range(2):
+        with dp.Loader(
+            dp.from_iterable(letters).shard(), rank=rank, world_size=2, num_workers=num_workers
+        ) as loader:
+            seen += list(loader)
+    assert sorted(seen) == sorted(letters())
+    assert len(seen) == len(letters())
+
+
+def test_from_iterable_as_torch_dataset_in_two_workers_raises_in_the_main_process():
+    before = snapshot()
+    ds = dp.from_iterable(lambda: iter(range(10))).as_torch_dataset()
+    it = iter(DataLoader(ds, batch_size=None, num_workers=2))
+    try:
+        with pytest.raises(ValueError, match=r"shard\(\)") as info:
+            next(it)
+    finally:
+        # torch's own iterator: stop its workers now (collected later through the reference
+        # cycle of the traceback, its queues may be gone first and it waits 5 s per worker)
+        it._shutdown_workers()
+    message = str(info.value)
+    assert "DataLoader worker process" in message
+    assert "every consumer would read every item" in message
+    assert new_children(before[0]) == []
+
+
+# ----- an exception in a worker ----------------------------------------------------------------
+
+
+def test_a_worker_exception_reaches_the_main_process_with_its_traceback():
+    got = []
+    with dp.Loader(dp.range(40).map(fail_on_13), num_workers=2) as loader:
+        with pytest.raises(CorruptSampleError) as info:
+            for item in loader:
+                got.append(item)
+    assert type(info.value) is CorruptSampleError
+    message = str(info.value)
+    # 13 is odd: worker 1 of 2 reads the odd items
+    assert "Caught CorruptSampleError in DataLoader worker process 1" in message
+    assert "Original Traceback" in message
+    assert "fail_on_13" in message  # the user function, from the worker's traceback
+    assert "sample 13 is corrupt" in message
+    # round-robin over the workers: everything before item 13 arrived, in order
+    assert got == [10 * x for x in range(13)]
+
+
+# ----- a worker killed by a signal -------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)  # noticed promptly: a main process waiting forever fails here
+def test_a_killed_worker_raises_worker_died_error_naming_it():
+    before = snapshot()
+    got = []
+    loader = dp.Loader(dp.range(40).map(die_on_9), num_workers=2)
+    with pytest.raises(dp.WorkerDiedError) as info:
+        for item in loader:
+            got.append(item)
+    message = str(info.value)
+    assert "worker 1" in message  # 9 is odd: worker 1 of 2
+    assert "SIGKILL" in message
+    assert "epoch 0" in message
+    assert isinstance(info.value, RuntimeError)
+    # the other worker may not have delivered all of its items before the death was seen
+    assert got == list(range(len(got))) and len(got) <= 9
+    assert_nothing_left(before)
+    loader.close()
+
+
+# ----- nothing left running ----------------------------------------------------------------
+
+
+def test_close_mid_epoch_stops_workers_and_the_next_iteration_continues_the_epoch():
+    pipe = dp.range(100).shuffle().map(abs)
+    with dp.Loader(pipe, seed=4, num_workers=2) as uninterrupted:
+        reference = [list(uninterrupted), list(uninterrupted)]
+    before = snapshot()
+    loader = dp.Loader(pipe, seed=4, num_workers=2)
+    it = iter(loader)
+    head = list(islice(it, 37))
+    state = loader.state_dict()
+    loader.close()
+    assert_nothing_left(before)
+    assert loader.state_dict() == state  # close() keeps the position
+    del it
+    gc.collect()
+    rest = list(loader)
+    assert head + rest == reference[0]
+    assert list(loader) == reference[1]
+    loader.close()
+    assert_nothing_left(before)
+
+
+def test_breaking_out_of_the_loop_mid_epoch_stops_the_workers():
+    before = snapshot()
+    loader = dp.Loader(dp.range(500), num_workers=2)
+    for i, _ in enumerate(loader):
+        if i == 10:
+            break
+    gc.collect()
+    assert_nothing_left(before)
+    assert list(loader) == list(range(500))  # the next epoch runs in full
+    assert_nothing_left(before)
+
+
+def test_dropping_the_iterator_mid_epoch_stops_the_workers():
+    before = snapshot()
+    loader = dp.Loader(dp.range(500).shuffle(), num_workers=2)
+    it = iter(loader)
+    assert len(list(islice(it, 7))) == 7
+    del it
+    gc.collect()
+    assert_nothing_left(before)
+    assert sorted(loader) == list(range(500))
+    assert_nothing_left(before)
+
+
+def test_after_a_worker_error_close_leaves_nothing_running():
+    before = snapshot()
+    loader = dp.Loader(dp.range(40).map(fail_on_13), num_workers=2)
+    with pytest.raises(CorruptSampleError):
+        list(loader)
+    loader.close()
+    assert_nothing_left(before)
+
+
+def test_after_a_worker_error_the_workers_are_gone():
+    before = snapshot()
+    loader = dp.Loader(dp.range(40).map(fail_on_13), num_workers=2)
+    with pytest.raises(CorruptSampleError):
+        list(loader)
+    try:
+        assert new_children(before[0], wait_s=3.0) == []
+    finally:
+        loader.close()
+
+
+def test_a_checkpoint_taken_mid_epoch_in_workers_resumes_in_a_fresh_loader():
+    pipe = dp.range(60).shuffle().map(abs).batch(4)
+    reference = [[b.tolist() for b in dp.Loader(pipe, seed=2, num_workers=2)]]
+    loader = dp.Loader(pipe, seed=2, num_workers=2)
+    head = [b.tolist() for b in islice(iter(loader), 6)]
+    state = roundtrip_state(loader.state_dict())
+    loader.close()
+    resumed = dp.Loader(pipe, seed=2, num_workers=2)
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == reference[0]
+    resumed.close()
+
+
+# ----- Loader arguments ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [-1, 1.5, "2"])
+def test_a_bad_num_workers_is_refused(num_workers):
+    with pytest.raises(ValueError, match="num_workers"):
+        dp.Loader(dp.range(5), num_workers=num_workers)
+
+
+@pytest.mark.parametrize("option", ["batch_size", "shuffle", "prefetch"])
+def test_an_unknown_dataloader_option_is_refused_naming_the_known_ones(option):
+    before = snapshot()
+    with pytest.raises(TypeError) as info:
+        dp.Loader(dp.range(5), num_workers=2, **{option: 4})
+    message = str(info.value)
+    assert repr(option) in message
+    assert "prefetch_factor" in message and "worker_init_fn" in message
+    assert_nothing_left(before)
+
+
+@pytest.mark.parametrize(
+    "option", [{"prefetch_factor": 4}, {"timeout": 5}, {"worker_init_fn": print}]
+)
+def test_a_dataloader_option_without_workers_is_refused(option):
+    with pytest.raises(ValueError, match="num_workers > 0") as info:
+        dp.Loader(dp.range(5), **option)
+    assert next(iter(option)) in str(info.value)
+
+
+def record_worker(worker_id: int) -> None:
+    os.environ["DATAPIPES_TEST_WORKER"] = str(worker_id)
+
+
+def worker_tag(x: int) -> str:
+    return f"{x} from worker {os.environ.get('DATAPIPES_TEST_WORKER', '(not set)')}"
+
+
+def test_dataloader_options_are_passed_on_to_the_workers():
+    pipe = dp.range(30).map(worker_tag)
+    with dp.Loader(
+        pipe, num_workers=2, prefetch_factor=1, timeout=60, worker_init_fn=record_worker
+    ) as loader:
+        got = list(loader)
+    assert got == [f"{x} from worker {x % 2}" for x in range(30)]  # worker_init_fn ran
