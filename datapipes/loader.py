@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
@@ -18,7 +19,7 @@ from datapipes.workers import (
 from nodes import Context, Node
 from nodes.even import CollectiveAgreement, CountedAgreement, EvenBatchesNode, RankAgreement
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 _DATALOADER_OPTIONS = frozenset(
     {
@@ -26,6 +27,7 @@ _DATALOADER_OPTIONS = frozenset(
         "timeout",
         "multiprocessing_context",
         "worker_init_fn",
+        "snapshot_every_n_steps",
     }
 )
 
@@ -62,7 +64,9 @@ class Loader:
     reading its own share; ``pin_memory()``, ``to_device()`` and the steps
     after them run in this process. ``state_dict()`` then covers every worker,
     items computed ahead included. ``prefetch_factor``, ``timeout``,
-    ``multiprocessing_context`` and ``worker_init_fn`` go to the DataLoader.
+    ``multiprocessing_context``, ``worker_init_fn`` and
+    ``snapshot_every_n_steps`` (default 32: a resume replays fewer items than
+    that, see :class:`nodes.WorkerStreamNode`) go to the DataLoader.
     Workers start afresh each epoch (that is what lets a resumed or
     ``set_epoch`` epoch reach them). A worker's error is raised here with its
     traceback.
@@ -234,29 +238,45 @@ class Loader:
 
     # ----- checkpoints ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The position of the whole pipeline: plain data (json / ``weights_only`` safe)."""
+        """The position of the whole pipeline: plain data (json / ``weights_only`` safe).
+
+        Layout::
+
+            {"version": 2, "fingerprint": "...", "steps": [...], "seed": 0,
+             "topology": {"world_size": 2, "num_workers": 4},
+             "ranks": {"1": {"epoch": 3, "node": "<this rank's node states, as JSON>"}}}
+
+        What all ranks share sits at the top; this rank's position sits under
+        its own key in ``ranks``, and the node states are one JSON string. So
+        the layout is the same before and after a checkpoint is loaded, and in
+        a ``torch.distributed.checkpoint`` save every rank writes its own
+        position under its own key (the shared keys are identical on all
+        ranks). States of several ranks can be merged into one ``ranks`` dict.
+        """
         running = self._running_epoch is not None and self._root is not None
         # Loaded but not iterated yet: the loaded position is still the position.
         node = self._root.state_dict() if running else self._pending  # type: ignore[union-attr]
+        epoch = self._running_epoch if running else self._next_epoch
         return {
             "version": STATE_VERSION,
             "fingerprint": self._fingerprint,
             "steps": list(self._steps),
-            "topology": {
-                "rank": self.rank,
-                "world_size": self.world_size,
-                "num_workers": self.num_workers,
-            },
             "seed": self.seed,
-            "epoch": self._running_epoch if running else self._next_epoch,
-            "node": node,
+            "topology": {"world_size": self.world_size, "num_workers": self.num_workers},
+            "ranks": {
+                str(self.rank): {
+                    "epoch": epoch,
+                    "node": None if node is None else json.dumps(node, separators=(",", ":")),
+                }
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration resumes the saved epoch where it stopped."""
         self._check(state)
-        self._next_epoch = int(state["epoch"])
-        self._pending = state["node"]
+        mine = state["ranks"][str(self.rank)]
+        self._next_epoch = int(mine["epoch"])
+        self._pending = None if mine["node"] is None else json.loads(mine["node"])
         self._running_epoch = None
 
     def _check(self, state: dict[str, Any]) -> None:
@@ -271,11 +291,13 @@ class Loader:
                 + _explain_difference(list(state["steps"]), self._steps)
             )
         topology = state["topology"]
-        ours = {"rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers}
-        if topology != ours:
+        ours = {"world_size": self.world_size, "num_workers": self.num_workers}
+        if topology != ours or str(self.rank) not in state["ranks"]:
+            saved_ranks = sorted(int(rank) for rank in state["ranks"])
             raise StateMismatchError(
-                f"this checkpoint was taken with topology {topology}, but this Loader runs "
-                f"{ours}; resume with the same rank, world size and number of workers"
+                f"this checkpoint was taken with topology {topology} and holds rank(s) "
+                f"{saved_ranks}, but this Loader is rank {self.rank} with {ours}; resume "
+                "with the same world size and number of workers, each rank from its own state"
             )
         if state["seed"] != self.seed:
             raise StateMismatchError(

@@ -32,7 +32,19 @@ def split_main_steps(pipe: DataPipe[Any]) -> tuple[DataPipe[Any], list[DataPipe[
     first = max(main_at)
     worker_part = spine[first].inputs[0]
     check_no_main_steps(worker_part)
-    return worker_part, spine[first::-1]
+    main_steps = spine[first::-1]
+    _check_no_thread_after_copy(main_steps)
+    return worker_part, main_steps
+
+
+def _check_no_thread_after_copy(main_steps: Sequence[DataPipe[Any]]) -> None:
+    names = [step.name for step in main_steps]
+    if "to_device" in names and "prefetch" in names[names.index("to_device") :]:
+        raise ValueError(
+            ".prefetch() after .to_device() would issue the copies from a background thread, "
+            "where CUDA orders them before that thread's work, not the training loop's. Put "
+            "prefetch() before pin_memory()/to_device(): the copy itself is asynchronous."
+        )
 
 
 def check_no_main_steps(pipe: DataPipe[Any]) -> None:

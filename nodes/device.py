@@ -90,7 +90,9 @@ class ToDeviceNode(_OneToOne):
     copied tensors are marked as used by the compute stream so their memory
     is not recycled early, and the source item is kept alive until its copy
     has finished. Copies from pinned memory are the ones that truly overlap:
-    put ``pin_memory()`` before this step.
+    put ``pin_memory()`` before this step. The copy is ordered before the
+    work of the thread that calls ``next``, so no step that moves work to
+    another thread (``prefetch``) may come after it.
 
     ``device=None`` means the current CUDA device when CUDA is available and
     no copy at all otherwise. Any other device is a plain ``.to(device)``.
@@ -111,6 +113,15 @@ class ToDeviceNode(_OneToOne):
             return apply_to_tensors(item, self._plain_copy)
         return self._cuda_copy(item)
 
+    def reset(self, state: State | None = None) -> None:
+        self._release_sources()
+        super().reset(state)
+
+    def _release_sources(self) -> None:
+        for done, _ in self._in_flight:
+            done.synchronize()
+        self._in_flight = []
+
     def _plain_copy(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device)
 
@@ -119,8 +130,9 @@ class ToDeviceNode(_OneToOne):
             self._stream = torch.cuda.Stream(device=self.device)
         # Sources whose copy has finished may be freed now.
         self._in_flight = [entry for entry in self._in_flight if not entry[0].query()]
+        # The side stream does not wait for the compute stream: the sources are host memory,
+        # so the copy of this batch may run while the compute on the last one does.
         compute = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(compute)  # the source may have been written on compute
         with torch.cuda.stream(self._stream):
             moved = apply_to_tensors(item, self._async_copy)
         done = torch.cuda.Event()
@@ -134,9 +146,7 @@ class ToDeviceNode(_OneToOne):
         return tensor.to(self.device, non_blocking=True)
 
     def close(self) -> None:
-        for done, _ in self._in_flight:
-            done.synchronize()
-        self._in_flight = []
+        self._release_sources()
         super().close()
 
 

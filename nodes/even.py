@@ -118,7 +118,7 @@ class EvenBatchesNode(Node):
                 f"{self._epoch()} so that every rank yields {self._yielded}. Balance the data "
                 "across ranks (more, evenly sized files) to drop less.",
                 UnevenDataWarning,
-                stacklevel=2,
+                stacklevel=3,  # the training loop, through the Loader's iterator
             )
         raise StopIteration
 

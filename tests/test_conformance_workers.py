@@ -3,6 +3,8 @@ the worker stream (real DataLoader worker processes)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import datapipes as dp
@@ -78,3 +80,46 @@ def test_worker_stream_node_with_two_worker_processes():
     # Every resume starts worker processes, so resume at a few telling positions only.
     report = check_node(make, positions=[0, 1, 4, 8])
     assert report.items_per_epoch == [8, 8]  # 12 and 11 items: 4 batches in each worker
+
+
+def keep_unless_multiple_of_7(x: int) -> bool:
+    return x % 7 != 0
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("snapshot_every", [1, 4])
+def test_loader_resumes_between_worker_snapshots(snapshot_every):
+    """States are snapshotted every few items; a resume in between replays up to the position."""
+    pipe = dp.range(150).shuffle().filter(keep_unless_multiple_of_7).batch(3)
+    options = {"num_workers": 3, "snapshot_every_n_steps": snapshot_every}
+    full = [batch.tolist() for batch in dp.Loader(pipe, seed=2, **options)]
+    for position in (1, 6, 13, len(full) - 1):
+        loader = dp.Loader(pipe, seed=2, **options)
+        first = [batch.tolist() for _, batch in zip(range(position), loader)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        resumed = dp.Loader(pipe, seed=2, **options)
+        resumed.load_state_dict(state)
+        assert first + [batch.tolist() for batch in resumed] == full, position
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_in_a_torch_distributed_checkpoint(tmp_path, num_workers):
+    """dcp.save/dcp.load a mid-epoch Loader next to a model; the fresh Loader resumes exactly."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    pipe = dp.range(60).shuffle().map(keep_unless_multiple_of_7).batch(4)
+    full = [batch.tolist() for batch in dp.Loader(pipe, seed=4, num_workers=num_workers)]
+    model = torch.nn.Linear(2, 1)
+    loader = dp.Loader(pipe, seed=4, num_workers=num_workers)
+    first = [batch.tolist() for _, batch in zip(range(5), loader)]
+    dcp.save({"model": model.state_dict(), "data": loader}, checkpoint_id=str(tmp_path))
+    loader.close()
+
+    resumed = dp.Loader(pipe, seed=4, num_workers=num_workers)
+    target = {"model": torch.nn.Linear(2, 1).state_dict(), "data": resumed}
+    dcp.load(target, checkpoint_id=str(tmp_path))
+    assert torch.equal(target["model"]["weight"], model.state_dict()["weight"])
+    assert first + [batch.tolist() for batch in resumed] == full
