@@ -164,6 +164,7 @@ class Loader:
         self._running_epoch = None
 
     def __iter__(self) -> Iterator[Any]:
+        self.topology.check_against_torch_distributed()  # set up before init_process_group?
         root = self._root
         if root is None:
             root = self._root = self._build()

@@ -316,3 +316,38 @@ def test_dataloader_options_are_passed_on_to_the_workers():
     ) as loader:
         got = list(loader)
     assert got == [f"{x} from worker {x % 2}" for x in range(30)]  # worker_init_fn ran
+
+
+def _set_up_then_join(rank: int, store_file: str, answers) -> None:
+    import torch.distributed as dist
+
+    loader = dp.Loader(dp.range(10))  # before init_process_group: looks like one process
+    dataset = dp.range(10).as_torch_dataset()
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    try:
+        for name, iterable in (("loader", loader), ("dataset", dataset)):
+            try:
+                answers.put((rank, name, f"read {len(list(iterable))} items"))
+            except RuntimeError as error:
+                answers.put((rank, name, str(error)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_pipeline_set_up_before_init_process_group_refuses_to_duplicate(tmp_path):
+    """Set up as one process, then torch.distributed runs 2 ranks: iterating is refused."""
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    ranks = [
+        context.Process(target=_set_up_then_join, args=(rank, str(tmp_path / "store"), answers))
+        for rank in range(2)
+    ]
+    for process in ranks:
+        process.start()
+    results = [answers.get(timeout=60) for _ in range(4)]
+    for process in ranks:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    for rank, name, message in results:
+        assert "every rank would read all the data" in message, (rank, name, message)
+        assert "after init_process_group" in message
