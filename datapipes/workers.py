@@ -10,7 +10,7 @@ from datapipes.placement import rebuild_on, split_main_steps
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from nodes import Context, Node
-from nodes.base import walk_graph
+from nodes.base import every_consumer, walk_graph
 from nodes.errors import skip_counts
 from nodes.workers import WorkerStreamNode
 
@@ -98,22 +98,10 @@ def items_per_rank(
             f".{changing[0].describe_step()} runs in the main process and changes the count; "
             "move it before pin_memory()/to_device(), or initialize torch.distributed"
         )
-    workers = max(num_workers, 1)
-    counts = []
-    for rank in range(world_size):
-        total = 0
-        for worker in range(workers):
-            ctx = Context(
-                rank=rank,
-                world_size=world_size,
-                worker_id=worker,
-                num_workers=workers,
-                epoch=epoch,
-                seed=seed,
-            )
-            known = worker_part.consumer_length(ctx)
-            total += _count_by_running(worker_part, ctx) if known is None else known
-        counts.append(total)
+    counts = [0] * world_size
+    for ctx in every_consumer(world_size, max(num_workers, 1), epoch=epoch, seed=seed):
+        known = worker_part.consumer_length(ctx)
+        counts[ctx.rank] += _count_by_running(worker_part, ctx) if known is None else known
     return counts
 
 

@@ -67,6 +67,28 @@ class Context:
         )
 
 
+def every_consumer(
+    world_size: int, num_workers: int, *, epoch: int = 0, seed: int = 0
+) -> list[Context]:
+    """The contexts of all ``world_size * num_workers`` consumers, rank-major.
+
+    >>> [c.consumer_index for c in every_consumer(2, 2)]
+    [0, 1, 2, 3]
+    """
+    return [
+        Context(
+            rank=rank,
+            world_size=world_size,
+            worker_id=worker,
+            num_workers=num_workers,
+            epoch=epoch,
+            seed=seed,
+        )
+        for rank in range(world_size)
+        for worker in range(num_workers)
+    ]
+
+
 class ScopedContext(Context):
     """A view of a parent context that adds ``tag`` to every RNG key.
 

@@ -22,17 +22,6 @@ CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 needs_no_cuda = pytest.mark.skipif(CUDA, reason="checks the behaviour without CUDA")
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
-]
-
-
-@pytest.fixture(autouse=True)
-def _no_rank_from_the_environment(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-
 
 # ----- nested samples (module level, so DataLoader workers could pickle them) -----------------
 

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 import datapipes as dp
 from nodes import Context
+from nodes.base import every_consumer
 
 # ----- a guard against hangs ------------------------------------------------------------------
 
@@ -243,16 +244,7 @@ TOPOLOGIES = sorted([(r, w) for r in (1, 2, 3) for w in (1, 2, 3)], key=lambda t
 
 
 def consumers(world_size: int, num_workers: int, epoch: int = 0, seed: int = 0):
-    for rank in range(world_size):
-        for worker in range(num_workers):
-            yield Context(
-                rank=rank,
-                world_size=world_size,
-                worker_id=worker,
-                num_workers=num_workers,
-                epoch=epoch,
-                seed=seed,
-            )
+    return every_consumer(world_size, num_workers, epoch=epoch, seed=seed)
 
 
 def read_as(pipe: dp.DataPipe[Any], ctx: Context) -> list[Any]:

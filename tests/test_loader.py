@@ -19,12 +19,6 @@ import datapipes as dp
 from nodes.testing import roundtrip_state, same
 
 
-@pytest.fixture(autouse=True)
-def _no_rank_from_the_environment(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-
-
 def is_odd(x: int) -> bool:
     return x % 2 == 1
 

@@ -18,19 +18,8 @@ import pytest
 
 import datapipes as dp
 from nodes import Context, IterableNode, ShardNode, WholeDataContext
+from nodes.base import every_consumer
 from nodes.testing import check_node
-
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
-]
-
-
-@pytest.fixture(autouse=True)
-def _no_rank_from_the_environment(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-
 
 # ----- data and helpers (module level, so DataLoader workers could pickle them) ---------------
 
@@ -55,16 +44,7 @@ def is_odd(x: int) -> bool:
 
 
 def consumers(world_size: int, num_workers: int, epoch: int = 0, seed: int = 0):
-    for rank in range(world_size):
-        for worker in range(num_workers):
-            yield Context(
-                rank=rank,
-                world_size=world_size,
-                worker_id=worker,
-                num_workers=num_workers,
-                epoch=epoch,
-                seed=seed,
-            )
+    return every_consumer(world_size, num_workers, epoch=epoch, seed=seed)
 
 
 def read_as(pipe: dp.DataPipe[Any], ctx: Context) -> list[Any]:

@@ -23,18 +23,6 @@ from torch.utils.data import DataLoader
 import datapipes as dp
 from nodes.testing import roundtrip_state
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
-]
-
-
-@pytest.fixture(autouse=True)
-def _no_rank_from_the_environment(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-
-
 # ----- helpers (module level, so DataLoader workers could pickle them) ------------------------
 
 
