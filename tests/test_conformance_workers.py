@@ -103,7 +103,7 @@ def test_loader_resumes_between_worker_snapshots(snapshot_every):
         assert first + [batch.tolist() for batch in resumed] == full, position
 
 
-@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_loader_in_a_torch_distributed_checkpoint(tmp_path, num_workers):
     """dcp.save/dcp.load a mid-epoch Loader next to a model; the fresh Loader resumes exactly."""
