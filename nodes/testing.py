@@ -75,6 +75,20 @@ def _equal_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
 
 
+def read_epoch(node: Node) -> list[Any]:
+    """All items of one epoch of a freshly built ``node``, which is then closed.
+
+    >>> from nodes import SequenceNode
+    >>> read_epoch(SequenceNode(range(3), Context()))
+    [0, 1, 2]
+    """
+    node.reset(None)
+    try:
+        return list(node)
+    finally:
+        node.close()
+
+
 def check_plain_state(state: Any, path: str = "state") -> None:
     """Fail unless ``state`` is nested dicts (str keys) and lists of str/int/float/bool/None."""
     if state is None or type(state) in (str, int, float, bool):

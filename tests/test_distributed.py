@@ -23,6 +23,7 @@ check them against the data written here:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -158,10 +159,8 @@ def stop_job(process: subprocess.Popen[str]) -> tuple[str, str]:
         return process.communicate(timeout=20)
     except subprocess.TimeoutExpired:
         for pid in [process.pid, *started, *descendants(process.pid)]:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return process.communicate()
 
 

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 import datapipes as dp
 from nodes import Context
 from nodes.base import every_consumer
+from nodes.testing import read_epoch
 
 # ----- a guard against hangs ------------------------------------------------------------------
 
@@ -243,22 +244,13 @@ BLOCK = 37
 TOPOLOGIES = sorted([(r, w) for r in (1, 2, 3) for w in (1, 2, 3)], key=lambda t: (t[0] * t[1], t))
 
 
-def consumers(world_size: int, num_workers: int, epoch: int = 0, seed: int = 0):
-    return every_consumer(world_size, num_workers, epoch=epoch, seed=seed)
-
-
 def read_as(pipe: dp.DataPipe[Any], ctx: Context) -> list[Any]:
-    node = pipe.build(ctx)
-    node.reset(None)
-    try:
-        with no_hang():
-            return list(node)
-    finally:
-        node.close()
+    with no_hang():
+        return read_epoch(pipe.build(ctx))
 
 
 def union_of_consumers(pipe: dp.DataPipe[Any], world_size: int, num_workers: int) -> list[Any]:
-    return [item for ctx in consumers(world_size, num_workers) for item in read_as(pipe, ctx)]
+    return [item for ctx in every_consumer(world_size, num_workers) for item in read_as(pipe, ctx)]
 
 
 # ----- every reader, every file layout, 1-3 ranks x 1-3 workers -------------------------------
@@ -306,7 +298,7 @@ def test_a_split_file_gives_every_consumer_a_share(tmp_path: Path, reader: str):
     """With fewer files than consumers the files are split: nobody reads a whole file."""
     data = WRITERS[reader](tmp_path, [40], BLOCK)
     pipe = data.read(dp.files(data.urls))
-    shares = [read_as(pipe, ctx) for ctx in consumers(2, 2)]
+    shares = [read_as(pipe, ctx) for ctx in every_consumer(2, 2)]
     assert multiset([r for share in shares for r in share]) == multiset(data.expected)
     assert all(0 < len(share) < len(data.expected) for share in shares), [len(s) for s in shares]
 
@@ -316,7 +308,7 @@ def test_compressed_file_is_split_by_interleaved_blocks(tmp_path: Path):
     data = write_jsonl_gz(tmp_path, [60], block=41)
     pipe = data.read(dp.files(data.urls))
     for world_size, num_workers in [(2, 1), (1, 3), (3, 2)]:
-        shares = [read_as(pipe, ctx) for ctx in consumers(world_size, num_workers)]
+        shares = [read_as(pipe, ctx) for ctx in every_consumer(world_size, num_workers)]
         assert multiset([r for s in shares for r in s]) == multiset(data.expected)
         assert all(share for share in shares), [len(s) for s in shares]
         # Each share is in file order (blocks are kept in order).
@@ -383,7 +375,7 @@ def test_file_list_deals_whole_urls_exactly_once(tmp_path: Path, n_files: int):
     listing = sorted(str(tmp_path / f"u-{i:02d}.txt") for i in range(n_files))
     pipe = dp.files(str(tmp_path / "u-*.txt"))
     for world_size, num_workers in TOPOLOGIES:
-        shares = [read_as(pipe, ctx) for ctx in consumers(world_size, num_workers)]
+        shares = [read_as(pipe, ctx) for ctx in every_consumer(world_size, num_workers)]
         assert sorted(u for share in shares for u in share) == listing
         sizes = [len(share) for share in shares]
         assert max(sizes) - min(sizes) <= 1, sizes  # dealt round-robin
@@ -410,7 +402,7 @@ def test_file_shuffle_new_order_each_epoch_same_on_every_consumer(tmp_path: Path
     pipe = dp.files(data.urls).shuffle().read_jsonl(block_size=BLOCK)
     orders = []
     for epoch in range(4):
-        (ctx,) = consumers(1, 1, epoch=epoch, seed=7)
+        (ctx,) = every_consumer(1, 1, epoch=epoch, seed=7)
         full = read_as(pipe, ctx)
         assert multiset(full) == multiset(data.expected)
         order = _file_order(full)
@@ -420,7 +412,8 @@ def test_file_shuffle_new_order_each_epoch_same_on_every_consumer(tmp_path: Path
         for world_size, num_workers in TOPOLOGIES:
             n = world_size * num_workers
             shares = [
-                read_as(pipe, c) for c in consumers(world_size, num_workers, epoch=epoch, seed=7)
+                read_as(pipe, c)
+                for c in every_consumer(world_size, num_workers, epoch=epoch, seed=7)
             ]
             assert multiset([r for s in shares for r in s]) == multiset(data.expected)
             if n <= len(sizes):
@@ -476,7 +469,7 @@ def _roundtrip(state: Any) -> Any:
 def test_node_resume_mid_epoch_with_split_files(tmp_path: Path, reader: str):
     data = WRITERS[reader](tmp_path, [13, 8], block=23)
     pipe = data.read(dp.files(data.urls))
-    for ctx in consumers(3, 1, epoch=1, seed=4):  # 2 files, 3 consumers: split
+    for ctx in every_consumer(3, 1, epoch=1, seed=4):  # 2 files, 3 consumers: split
         reference = read_as(pipe, ctx)
         assert reference
         for stop in range(len(reference) + 1):
@@ -558,11 +551,11 @@ def _check_random_layout(
     folder.mkdir(exist_ok=True)
     urls, expected = _write_random_lines(folder, files, newline)
     pipe = dp.files(urls, retries=0).read_lines(block_size=block)
-    shares = [read_as(pipe, ctx) for ctx in consumers(world_size, num_workers)]
+    shares = [read_as(pipe, ctx) for ctx in every_consumer(world_size, num_workers)]
     assert Counter(line for share in shares for line in share) == Counter(expected)
     if resume is not None:  # one consumer, stopped part way, resumed from a json state
         which, fraction = resume
-        ctx = list(consumers(world_size, num_workers))[which % len(shares)]
+        ctx = list(every_consumer(world_size, num_workers))[which % len(shares)]
         reference = shares[which % len(shares)]
         node = pipe.build(ctx)
         node.reset(None)

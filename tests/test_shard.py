@@ -19,7 +19,7 @@ import pytest
 import datapipes as dp
 from nodes import Context, IterableNode, ShardNode, WholeDataContext
 from nodes.base import every_consumer
-from nodes.testing import check_node
+from nodes.testing import check_node, read_epoch
 
 # ----- data and helpers (module level, so DataLoader workers could pickle them) ---------------
 
@@ -43,17 +43,8 @@ def is_odd(x: int) -> bool:
     return x % 2 == 1
 
 
-def consumers(world_size: int, num_workers: int, epoch: int = 0, seed: int = 0):
-    return every_consumer(world_size, num_workers, epoch=epoch, seed=seed)
-
-
 def read_as(pipe: dp.DataPipe[Any], ctx: Context) -> list[Any]:
-    node = pipe.build(ctx)
-    node.reset(None)
-    try:
-        return list(node)
-    finally:
-        node.close()
+    return read_epoch(pipe.build(ctx))
 
 
 def round_robin(shares: list[list[Any]]) -> list[Any]:
@@ -97,17 +88,17 @@ def test_shard_deals_a_stream_to_every_consumer_exactly_once(world_size, num_wor
 def test_consumer_c_keeps_items_c_c_plus_C_and_so_on(world_size, num_workers):
     pipe = dp.from_iterable(STREAM).shard()
     total = world_size * num_workers
-    for index, ctx in enumerate(consumers(world_size, num_workers)):
+    for index, ctx in enumerate(every_consumer(world_size, num_workers)):
         assert ctx.consumer_index == index
         assert read_as(pipe, ctx) == EXPECTED[index::total]
 
 
 def test_shard_of_an_empty_or_short_stream_leaves_some_consumers_empty():
     pipe = dp.from_iterable(partial(records, 2)).shard()
-    shares = [read_as(pipe, ctx) for ctx in consumers(2, 2)]
+    shares = [read_as(pipe, ctx) for ctx in every_consumer(2, 2)]
     assert shares == [["r00"], ["r01"], [], []]
     empty = dp.from_iterable(partial(records, 0)).shard()
-    assert [read_as(empty, ctx) for ctx in consumers(3, 1)] == [[], [], []]
+    assert [read_as(empty, ctx) for ctx in every_consumer(3, 1)] == [[], [], []]
 
 
 # ----- a buffer shuffle before shard() ----------------------------------------------------
@@ -126,7 +117,7 @@ def test_shard_after_a_buffer_shuffle_every_consumer_sees_one_shuffled_order():
             total = world_size * num_workers
             shares = [
                 read_as(pipe, ctx)
-                for ctx in consumers(world_size, num_workers, epoch=epoch, seed=5)
+                for ctx in every_consumer(world_size, num_workers, epoch=epoch, seed=5)
             ]
             for index, share in enumerate(shares):
                 assert share == whole[index::total], (epoch, world_size, num_workers, index)
@@ -178,7 +169,7 @@ def test_a_shuffled_sequence_before_shard_is_split_once(num_workers):
 def test_steps_before_shard_run_on_the_whole_stream_in_every_consumer():
     # batch before shard: every consumer batches the whole stream, then keeps every C-th batch
     pipe = dp.range(20).batch(3).shard()
-    shares = [[b.tolist() for b in read_as(pipe, ctx)] for ctx in consumers(2, 1)]
+    shares = [[b.tolist() for b in read_as(pipe, ctx)] for ctx in every_consumer(2, 1)]
     batches = [list(range(i, min(i + 3, 20))) for i in range(0, 20, 3)]
     assert shares == [batches[0::2], batches[1::2]]
 
@@ -265,7 +256,7 @@ TOPOLOGIES = [(1, 1), (2, 1), (1, 3), (2, 2), (3, 2)]
 def test_consumer_length_agrees_with_what_every_consumer_reads(name):
     pipe = known_length_recipes()[name]
     for world_size, num_workers in TOPOLOGIES:
-        for ctx in consumers(world_size, num_workers, seed=1):
+        for ctx in every_consumer(world_size, num_workers, seed=1):
             predicted = pipe.consumer_length(ctx)
             assert predicted is not None, (name, ctx)
             actual = len(read_as(pipe, ctx))
@@ -274,7 +265,7 @@ def test_consumer_length_agrees_with_what_every_consumer_reads(name):
 
 def test_consumer_length_of_shard_counts_the_whole_upstream():
     pipe = dp.range(10).shard()
-    lengths = [pipe.consumer_length(ctx) for ctx in consumers(2, 2)]
+    lengths = [pipe.consumer_length(ctx) for ctx in every_consumer(2, 2)]
     assert lengths == [3, 3, 2, 2]
     assert dp.range(10).consumer_length(Context(rank=1, world_size=2)) == 5
 
