@@ -9,15 +9,15 @@ from itertools import chain
 from typing import Any
 
 from datapipes.pipe import DataPipe
-from datapipes.topology import Topology, resolve_topology
+from datapipes.topology import resolve_topology
 from datapipes.workers import (
     check_buildable,
-    items_per_rank,
+    even_batches_agreement,
     main_process_recipe,
     worker_skip_counts,
 )
 from nodes import Context, Node
-from nodes.even import CollectiveAgreement, CountedAgreement, EvenBatchesNode, RankAgreement
+from nodes.even import EvenBatchesNode
 
 STATE_VERSION = 2
 
@@ -313,28 +313,3 @@ def _explain_difference(saved: list[str], current: list[str]) -> str:
         if not line.startswith("@@"):
             lines.append("  " + line.rstrip("\n"))
     return "\n".join(lines)
-
-
-def even_batches_agreement(
-    even_batches: bool | None,
-    pipe: DataPipe[Any],
-    topology: Topology,
-    num_workers: int,
-    seed: int,
-) -> RankAgreement | None:
-    """How ranks agree to stop together, or ``None`` when the epochs may be uneven."""
-    import torch.distributed as dist
-
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    if even_batches is None:
-        even_batches = distributed and topology.world_size > 1
-    if not even_batches or topology.world_size == 1:
-        return None
-    if distributed:
-        # A gloo group of its own, so the agreement never queues behind NCCL work on the GPU.
-        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-        return CollectiveAgreement(group)
-    world = topology.world_size
-    return CountedAgreement(
-        lambda epoch: items_per_rank(pipe, world, num_workers, seed, epoch), topology.rank
-    )

@@ -12,6 +12,7 @@ from datapipes.torch_dataset import TorchDataset
 from nodes import Context, Node
 from nodes.base import every_consumer, walk_graph
 from nodes.errors import skip_counts
+from nodes.even import CollectiveAgreement, CountedAgreement, RankAgreement
 from nodes.workers import WorkerStreamNode
 
 
@@ -112,3 +113,28 @@ def _count_by_running(pipe: DataPipe[Any], ctx: Context) -> int:
         return sum(1 for _ in chain(root))
     finally:
         root.close()
+
+
+def even_batches_agreement(
+    even_batches: bool | None,
+    pipe: DataPipe[Any],
+    topology: Topology,
+    num_workers: int,
+    seed: int,
+) -> RankAgreement | None:
+    """How ranks agree to stop together, or ``None`` when the epochs may be uneven."""
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if even_batches is None:
+        even_batches = distributed and topology.world_size > 1
+    if not even_batches or topology.world_size == 1:
+        return None
+    if distributed:
+        # A gloo group of its own, so the agreement never queues behind NCCL work on the GPU.
+        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        return CollectiveAgreement(group)
+    world = topology.world_size
+    return CountedAgreement(
+        lambda epoch: items_per_rank(pipe, world, num_workers, seed, epoch), topology.rank
+    )
