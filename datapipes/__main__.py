@@ -10,7 +10,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(
-            "usage: python -m datapipes demo [--workdir DIR]\n\n"
+            "usage: python -m datapipes demo [--workdir DIR] [--workers N]\n\n"
             "  demo   run a real pipeline, checkpoint mid-epoch, resume in a new process,\n"
             "         and verify the resumed stream equals the uninterrupted one"
         )

@@ -105,9 +105,9 @@ def batch_ids(batch: dict[str, Any]) -> list[int]:
     return batch["id"].tolist()
 
 
-def resume_phase(folder: str, checkpoint: str, out: str) -> None:
+def resume_phase(folder: str, checkpoint: str, out: str, workers: int) -> None:
     """Runs in a fresh process: load the checkpoint and finish epochs 1 and 2."""
-    loader = dp.Loader(build_pipe(folder), seed=SEED)
+    loader = dp.Loader(build_pipe(folder), seed=SEED, num_workers=workers)
     loader.load_state_dict(torch.load(checkpoint, weights_only=True))
     rest_of_epoch_1 = [batch_ids(b) for b in loader]
     epoch_2 = [batch_ids(b) for b in loader]
@@ -115,7 +115,7 @@ def resume_phase(folder: str, checkpoint: str, out: str) -> None:
     Path(out).write_text(json.dumps({"epoch1": rest_of_epoch_1, "epoch2": epoch_2}))
 
 
-def run_demo(workdir: str | None = None, stop_after: int = 37) -> bool:
+def run_demo(workdir: str | None = None, stop_after: int = 37, workers: int = 2) -> bool:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(workdir or scratch)
         folder.mkdir(parents=True, exist_ok=True)
@@ -127,13 +127,14 @@ def run_demo(workdir: str | None = None, stop_after: int = 37) -> bool:
             f"in {folder}"
         )
         print(f"pipeline: {pipe!r}")
+        print(f"running in {workers} DataLoader worker process(es)" if workers else "in-process")
 
-        with dp.Loader(pipe, seed=SEED) as reference:
+        with dp.Loader(pipe, seed=SEED, num_workers=workers) as reference:
             epochs = [[batch_ids(b) for b in reference] for _ in range(3)]
         counts = ", ".join(f"epoch {e}: {len(b)} batches" for e, b in enumerate(epochs))
         print(f"reference run: {counts}")
 
-        with dp.Loader(build_pipe(str(folder)), seed=SEED) as loader:
+        with dp.Loader(build_pipe(str(folder)), seed=SEED, num_workers=workers) as loader:
             for _ in loader:  # epoch 0
                 pass
             seen = []
@@ -159,6 +160,8 @@ def run_demo(workdir: str | None = None, stop_after: int = 37) -> bool:
                 str(folder),
                 "--out",
                 str(result),
+                "--workers",
+                str(workers),
             ],
             check=True,
         )
@@ -186,11 +189,14 @@ def run_demo(workdir: str | None = None, stop_after: int = 37) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="datapipes demo", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", help="keep the generated data and checkpoint here")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="DataLoader worker processes (0: in-process)"
+    )
     parser.add_argument("--resume", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.resume:
-        resume_phase(args.data, args.resume, args.out)
+        resume_phase(args.data, args.resume, args.out, args.workers)
         return 0
-    return 0 if run_demo(args.workdir) else 1
+    return 0 if run_demo(args.workdir, workers=args.workers) else 1
