@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
 from itertools import chain
 from typing import Any
 
@@ -44,8 +46,27 @@ def main_process_recipe(
 ) -> DataPipe[Any]:
     """``pipe`` with everything before its main-process steps moved into worker processes."""
     worker_part, main_steps = split_main_steps(pipe)
+    check_picklable(worker_part, options.get("multiprocessing_context"))
     dataset = TorchDataset(worker_part, topology, seed)
     return rebuild_on(InWorkers(dataset, num_workers, options), main_steps)
+
+
+def check_picklable(pipe: DataPipe[Any], context: Any) -> None:
+    """Refuse, with the fix, a recipe that a ``spawn``/``forkserver`` worker could not receive."""
+    if context is None:
+        method = multiprocessing.get_start_method()
+    else:
+        method = context if isinstance(context, str) else context.get_start_method()
+    if method == "fork":
+        return
+    try:
+        pickle.dumps(pipe)
+    except Exception as error:
+        raise TypeError(
+            f"worker processes started with {method!r} receive the recipe pickled, but it does "
+            f"not pickle: {error}. Define the functions it uses at module level (lambdas and "
+            "local functions do not pickle), or use multiprocessing_context='fork'."
+        ) from error
 
 
 def check_buildable(pipe: DataPipe[Any], topology: Topology, num_workers: int, seed: int) -> None:

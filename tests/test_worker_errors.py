@@ -339,3 +339,12 @@ def test_a_pipeline_set_up_before_init_process_group_refuses_to_duplicate(tmp_pa
     for rank, name, message in results:
         assert "every rank would read all the data" in message, (rank, name, message)
         assert "after init_process_group" in message
+
+
+def test_spawned_workers_need_a_picklable_recipe_and_say_so():
+    with pytest.raises(TypeError, match="module level"):
+        dp.Loader(dp.range(4).map(lambda x: x), num_workers=1, multiprocessing_context="spawn")
+    pipe = dp.range(12).shuffle().map(abs).batch(2)  # builtins pickle
+    reference = [batch.tolist() for batch in dp.Loader(pipe, num_workers=1)]
+    spawned = dp.Loader(pipe, num_workers=1, multiprocessing_context="spawn")
+    assert [batch.tolist() for batch in spawned] == reference
