@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import weakref
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
@@ -150,6 +151,7 @@ class Loader:
         self._pending: dict[str, Any] | None = None
         self._running_epoch: int | None = None
         self._run_id = 0
+        self._live_run: weakref.ref[Iterator[Any]] | None = None
 
     # ----- iteration -----------------------------------------------------------
     @property
@@ -177,7 +179,9 @@ class Loader:
         self._running_epoch = epoch
         self._next_epoch = epoch + 1
         self._run_id += 1
-        return self._run(root, self._run_id)
+        run = self._run(root, self._run_id)
+        self._live_run = weakref.ref(run)
+        return run
 
     def _build(self) -> Node[Any]:
         root = self._runtime_pipe.build(self._context)
@@ -229,6 +233,9 @@ class Loader:
             if self._running_epoch is not None:
                 self._pending = self._root.state_dict()
                 self._next_epoch = self._running_epoch
+            run = self._live_run() if self._live_run is not None else None
+            if run is not None:
+                run.close()  # an iterator kept from before close() ends instead of going on
             self._root.close()
             self._root = None
         self._running_epoch = None
@@ -265,7 +272,7 @@ class Loader:
             "fingerprint": self._fingerprint,
             "steps": list(self._steps),
             "seed": self.seed,
-            "topology": {"world_size": self.world_size, "num_workers": self.num_workers},
+            "topology": self._topology_record(),
             "ranks": {
                 str(self.rank): {
                     "epoch": epoch,
@@ -282,6 +289,13 @@ class Loader:
         self._pending = None if mine["node"] is None else json.loads(mine["node"])
         self._running_epoch = None
 
+    def _topology_record(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+            "even_batches": self._agreement is not None,
+        }
+
     def _check(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
@@ -294,13 +308,14 @@ class Loader:
                 + _explain_difference(list(state["steps"]), self._steps)
             )
         topology = state["topology"]
-        ours = {"world_size": self.world_size, "num_workers": self.num_workers}
+        ours = self._topology_record()
         if topology != ours or str(self.rank) not in state["ranks"]:
             saved_ranks = sorted(int(rank) for rank in state["ranks"])
             raise StateMismatchError(
                 f"this checkpoint was taken with topology {topology} and holds rank(s) "
                 f"{saved_ranks}, but this Loader is rank {self.rank} with {ours}; resume "
-                "with the same world size and number of workers, each rank from its own state"
+                "with the same world size, number of workers and even_batches, each rank from "
+                "its own state"
             )
         if state["seed"] != self.seed:
             raise StateMismatchError(

@@ -34,6 +34,12 @@ def split_main_steps(pipe: DataPipe[Any]) -> tuple[DataPipe[Any], list[DataPipe[
     check_no_main_steps(worker_part)
     main_steps = spine[first::-1]
     _check_no_thread_after_copy(main_steps)
+    repeats = [step for step in main_steps if step.name == "repeat"]
+    if repeats:
+        raise ValueError(
+            f".{repeats[0].describe_step()} after .pin_memory()/.to_device() would rerun the "
+            "worker processes for every round with the same shuffles; put repeat() before them"
+        )
     return worker_part, main_steps
 
 

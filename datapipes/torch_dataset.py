@@ -29,7 +29,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
     Epochs: call ``set_epoch(e)`` before each epoch, as with torch's
     ``DistributedSampler``. Without it, each new pass over the same dataset
     object (``num_workers=0`` or ``persistent_workers=True``) runs the next
-    epoch, and a fresh copy in new workers runs epoch 0 again.
+    epoch, and a fresh copy in new workers runs epoch 0 again. Persistent
+    workers keep their own copy, so there ``set_epoch`` only takes effect on
+    the first pass: later passes count on from it, one epoch per pass.
 
     >>> import datapipes as dp
     >>> from torch.utils.data import DataLoader
@@ -50,6 +52,8 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self._ctx: Context | None = None
 
     def __getstate__(self) -> dict[str, Any]:
+        # Pickled for spawned workers, which cannot see the process group: check it here.
+        self.topology.check_against_torch_distributed()
         # A copy sent to a worker starts clean: the live graph (files, threads) stays here.
         return {**self.__dict__, "_root": None, "_ctx": None}
 
@@ -62,8 +66,8 @@ class TorchDataset(torch.utils.data.IterableDataset):
     def _context(self) -> Context:
         info = torch.utils.data.get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        if info is None:
-            self.topology.check_against_torch_distributed()
+        # A forked worker inherits the process group, so the check holds there too.
+        self.topology.check_against_torch_distributed()
         return Context(
             rank=self.topology.rank,
             world_size=self.topology.world_size,

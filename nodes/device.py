@@ -35,10 +35,11 @@ def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> A
         values = [apply_to_tensors(v, fn) for v in item]
         return type(item)(*values) if hasattr(item, "_fields") else type(item)(values)
     if dataclasses.is_dataclass(item) and not isinstance(item, type):
-        changes = {
-            f.name: apply_to_tensors(getattr(item, f.name), fn) for f in dataclasses.fields(item)
-        }
-        return dataclasses.replace(item, **changes)
+        # A copy with its fields set directly: works for frozen and init=False fields too.
+        out = copy.copy(item)
+        for f in dataclasses.fields(item):
+            object.__setattr__(out, f.name, apply_to_tensors(getattr(item, f.name), fn))
+        return out
     return item
 
 

@@ -87,10 +87,12 @@ class WorkerStreamNode(Node):
         self._it: Iterator[Any] = NotReset(self)
         self._ended = False
         self._closed_state: State | None = None
+        self._final_states: list[Any] = []
 
     def reset(self, state: State | None = None) -> None:
         self._shutdown()
         self._closed_state = None
+        self._final_states = []
         self._dataset.set_epoch(self._epoch())
         self._loader = stateful_dataloader(self._dataset, self._num_workers, **self._options)
         self._ended = state is not None and bool(state.get("ended"))
@@ -103,6 +105,7 @@ class WorkerStreamNode(Node):
             return next(self._it)
         except StopIteration:
             self._ended = True
+            self._final_states = self._received_states(self._it) or []
             self._shutdown()
             raise
         except BaseException as error:
@@ -138,13 +141,26 @@ class WorkerStreamNode(Node):
         return {"ended": False, "dataloader": self._loader.state_dict()}
 
     def worker_states(self) -> list[Any]:
-        """Each worker's dataset state as of the last item returned (``None`` before any)."""
-        if self._loader is None or self._ended:
-            return []
-        snapshots = self._loader.state_dict()["_snapshot"]["_worker_snapshots"]
-        return [
-            snapshots.get(f"worker_{w}", {}).get("dataset_state") for w in range(self._num_workers)
-        ]
+        """The latest dataset state each worker sent (``None`` for a worker that sent none).
+
+        Workers send their state near every snapshot and when they run out, so
+        mid-epoch this may lag the items returned by up to ``SNAPSHOT_EVERY``;
+        after the epoch it is complete.
+        """
+        received = self._received_states(self._it)
+        return received if received is not None else self._final_states
+
+    def _received_states(self, it: Any) -> list[Any] | None:
+        # torchdata keeps the latest state of each worker on its iterator (private, so guarded).
+        latest = getattr(it, "_worker_snapshots", None)
+        if not isinstance(latest, dict):
+            return None
+        states = []
+        for worker in range(self._num_workers):
+            tracked = latest.get(f"worker_{worker}")
+            state = tracked.get_state() if hasattr(tracked, "get_state") else None
+            states.append(state.get("dataset_state") if isinstance(state, dict) else None)
+        return states
 
     def _shutdown(self) -> None:
         it = self._it

@@ -407,3 +407,25 @@ def test_to_device_over_pin_memory_keeps_the_node_contract_for_a_sharded_consume
         ),
     )
     assert report.items_per_epoch == [len(range(2, 30, 4))] * 2
+
+
+@dataclasses.dataclass
+class WithDerivedField:
+    x: torch.Tensor
+    calls: int = dataclasses.field(init=False, default=0)
+
+
+def test_apply_to_tensors_keeps_fields_that_init_does_not_take():
+    item = WithDerivedField(torch.ones(2))
+    item.calls = 3
+    out = apply_to_tensors(item, lambda t: t * 2)
+    assert torch.equal(out.x, torch.full((2,), 2.0)) and out.calls == 3
+    assert torch.equal(item.x, torch.ones(2))  # the input is left alone
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_repeat_after_a_main_process_step_is_refused(num_workers):
+    with pytest.raises(ValueError, match=r"put repeat\(\) before them"):
+        dp.Loader(dp.range(8).shuffle().to_device("cpu").repeat(2), num_workers=num_workers)
+    rounds = list(dp.Loader(dp.range(8).shuffle().repeat(2).to_device("cpu"), num_workers=2))
+    assert sorted(rounds[:8]) == sorted(rounds[8:]) == list(range(8))

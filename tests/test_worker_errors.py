@@ -312,8 +312,9 @@ def _set_up_then_join(rank: int, store_file: str, answers) -> None:
     loader = dp.Loader(dp.range(10))  # before init_process_group: looks like one process
     dataset = dp.range(10).as_torch_dataset()
     dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    in_workers = DataLoader(dataset, batch_size=None, num_workers=2)
     try:
-        for name, iterable in (("loader", loader), ("dataset", dataset)):
+        for name, iterable in (("loader", loader), ("dataset", dataset), ("workers", in_workers)):
             try:
                 answers.put((rank, name, f"read {len(list(iterable))} items"))
             except RuntimeError as error:
@@ -332,7 +333,7 @@ def test_a_pipeline_set_up_before_init_process_group_refuses_to_duplicate(tmp_pa
     ]
     for process in ranks:
         process.start()
-    results = [answers.get(timeout=60) for _ in range(4)]
+    results = [answers.get(timeout=60) for _ in range(6)]
     for process in ranks:
         process.join(timeout=60)
         assert process.exitcode == 0
@@ -348,3 +349,42 @@ def test_spawned_workers_need_a_picklable_recipe_and_say_so():
     reference = [batch.tolist() for batch in dp.Loader(pipe, num_workers=1)]
     spawned = dp.Loader(pipe, num_workers=1, multiprocessing_context="spawn")
     assert [batch.tolist() for batch in spawned] == reference
+
+
+def _jsonl_with_bad_lines(folder) -> str:
+    for index in range(2):
+        lines = [f'{{"j": {j}}}' if j != 5 else "{bad" for j in range(20)]
+        (folder / f"part-{index}.jsonl").write_text("\n".join(lines) + "\n")
+    return str(folder / "*.jsonl")
+
+
+@pytest.mark.filterwarnings("ignore::datapipes.BadRecordWarning")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skipped_counts_bad_records_read_in_workers(tmp_path, num_workers):
+    pipe = dp.files(_jsonl_with_bad_lines(tmp_path)).read_jsonl(on_error="skip")
+    loader = dp.Loader(pipe, num_workers=num_workers)
+    assert len(list(loader)) == 38
+    assert sum(loader.skipped().values()) == 2  # one bad line in each file
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_checkpoint_with_other_even_batches_is_refused(num_workers):
+    options = {"rank": 0, "world_size": 2, "num_workers": num_workers}
+    saved = dp.Loader(dp.range(10), even_batches=True, **options)
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    saved.close()
+    other = dp.Loader(dp.range(10), **options)
+    with pytest.raises(dp.StateMismatchError, match="even_batches"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iterator_kept_from_before_close_ends(num_workers):
+    loader = dp.Loader(dp.range(10), num_workers=num_workers)
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    loader.close()
+    assert list(it) == []  # not the rest of the epoch a second time
+    assert first + list(loader) == list(range(10))  # the Loader itself continues the epoch

@@ -341,7 +341,11 @@ def test_loader_resumes_exactly_with_workers(jsonl_files, recipe: str, num_worke
         with dp.Loader(pipe, seed=seed, num_workers=num_workers) as loader:
             _, first = first_items(loader, position)
             state = roundtrip(loader.state_dict())
-        assert state["topology"] == {"world_size": 1, "num_workers": num_workers}
+        assert state["topology"] == {
+            "world_size": 1,
+            "num_workers": num_workers,
+            "even_batches": False,
+        }
         assert list(state["ranks"]) == ["0"]
         resumed = dp.Loader(pipe, seed=seed, num_workers=num_workers)
         resumed.load_state_dict(state)
