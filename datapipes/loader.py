@@ -77,7 +77,8 @@ class Loader:
     :class:`datapipes.UnevenDataWarning` saying how many), so a DDP job never
     hangs in a collective because one rank ran out first. The default
     (``None``) turns it on when ``torch.distributed`` runs more than one rank;
-    ranks then agree through one tiny gloo ``all_reduce`` per item, so every
+    ranks then agree through one tiny gloo ``all_reduce`` per 8 items (read
+    ahead), so every
     rank must iterate the Loader (for rank-0-only evaluation make that Loader
     with ``rank=0, world_size=1``). Without
     ``torch.distributed`` (``even_batches=True`` with explicit ranks), the

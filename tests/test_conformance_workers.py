@@ -123,3 +123,21 @@ def test_loader_in_a_torch_distributed_checkpoint(tmp_path, num_workers):
     dcp.load(target, checkpoint_id=str(tmp_path))
     assert torch.equal(target["model"]["weight"], model.state_dict()["weight"])
     assert first + [batch.tolist() for batch in resumed] == full
+
+
+class CountedWithLookahead(CountedAgreement):
+    """Counts, asked for three items at a time, as the collective agreement asks for several."""
+
+    lookahead = 3
+
+
+@pytest.mark.filterwarnings("ignore::datapipes.UnevenDataWarning")
+@pytest.mark.parametrize("counts", [[7, 5, 6], [9, 9, 9], [4, 9, 6]])
+def test_even_batches_node_reading_ahead_resumes_exactly(counts):
+    def make(ctx):
+        agreement = CountedWithLookahead(lambda epoch: counts, rank=2)
+        upstream = BufferShuffleNode(SequenceNode(range(9), ctx), 4, ctx, 1)
+        return EvenBatchesNode(upstream, agreement, rank=2, epoch=lambda: ctx.epoch)
+
+    report = check_node(make)
+    assert report.items_per_epoch == [min(counts)] * 2
