@@ -29,6 +29,7 @@ _DATALOADER_OPTIONS = frozenset(
         "multiprocessing_context",
         "worker_init_fn",
         "snapshot_every_n_steps",
+        "persistent_workers",
     }
 )
 
@@ -65,11 +66,12 @@ class Loader:
     reading its own share; ``pin_memory()``, ``to_device()`` and the steps
     after them run in this process. ``state_dict()`` then covers every worker,
     items computed ahead included. ``prefetch_factor``, ``timeout``,
-    ``multiprocessing_context``, ``worker_init_fn`` and
-    ``snapshot_every_n_steps`` (default 32: a resume replays fewer items than
-    that, see :class:`nodes.WorkerStreamNode`) go to the DataLoader.
-    Workers start afresh each epoch (that is what lets a resumed or
-    ``set_epoch`` epoch reach them). A worker's error is raised here with its
+    ``multiprocessing_context``, ``worker_init_fn``, ``persistent_workers``
+    and ``snapshot_every_n_steps`` (default 32: a resume replays fewer items
+    than that, see :class:`nodes.WorkerStreamNode`) go to the DataLoader.
+    Workers start afresh each epoch unless ``persistent_workers=True``, which
+    keeps them from one epoch to the next (a resume, or ``set_epoch`` to any
+    other epoch, starts fresh ones). A worker's error is raised here with its
     traceback.
 
     **Even epochs.** With ``even_batches`` every rank yields the same number of

@@ -83,22 +83,33 @@ class WorkerStreamNode(Node):
         self._num_workers = num_workers
         self._epoch = epoch
         self._options = options
+        self._persistent = bool(options.get("persistent_workers"))
         self._loader: Any = None
         self._it: Iterator[Any] = NotReset(self)
+        self._workers: Any = None  # the DataLoader iterator that owns the worker processes
+        self._finished_epoch: int | None = None
         self._ended = False
         self._closed_state: State | None = None
         self._final_states: list[Any] = []
 
     def reset(self, state: State | None = None) -> None:
-        self._shutdown()
+        epoch = self._epoch()
+        # Persistent workers go on to the next epoch by themselves (each copy of the dataset
+        # counts its passes); a resume or any other epoch needs fresh ones.
+        reuse = state is None and self._workers is not None and self._finished_epoch == epoch - 1
+        if not reuse:
+            self._stop_workers()
+            self._dataset.set_epoch(epoch)
+            self._loader = stateful_dataloader(self._dataset, self._num_workers, **self._options)
+        self._finished_epoch = None
         self._closed_state = None
         self._final_states = []
-        self._dataset.set_epoch(self._epoch())
-        self._loader = stateful_dataloader(self._dataset, self._num_workers, **self._options)
         self._ended = state is not None and bool(state.get("ended"))
         if state is not None and not self._ended:
             self._loader.load_state_dict(state["dataloader"])
         self._it = iter(()) if self._ended else iter(self._loader)
+        if not self._ended:
+            self._workers = self._it
 
     def __next__(self) -> Any:
         try:
@@ -106,14 +117,18 @@ class WorkerStreamNode(Node):
         except StopIteration:
             self._ended = True
             self._final_states = self._received_states(self._it) or []
-            self._shutdown()
+            if self._persistent:  # the workers wait for the next epoch
+                self._finished_epoch = self._epoch()
+                self._it = iter(())
+            else:
+                self._stop_workers()
             raise
         except BaseException as error:
             # The epoch cannot go on: keep the position of the last item returned, stop the
             # workers now rather than when the garbage collector finds the iterator.
             dead = self._dead_workers() if isinstance(error, RuntimeError) else ""
             self._closed_state = self.state_dict()
-            self._shutdown()
+            self._stop_workers()
             if not dead:
                 raise
             raise WorkerDiedError(
@@ -125,7 +140,7 @@ class WorkerStreamNode(Node):
     def _dead_workers(self) -> str:
         """``"worker 1 (pid 123, killed by SIGKILL)"`` for each worker process that has died."""
         found = []
-        for worker_id, process in enumerate(getattr(self._it, "_workers", [])):
+        for worker_id, process in enumerate(getattr(self._workers, "_workers", [])):
             code = process.exitcode
             if code is None or code == 0:
                 continue
@@ -162,14 +177,15 @@ class WorkerStreamNode(Node):
             states.append(state.get("dataset_state") if isinstance(state, dict) else None)
         return states
 
-    def _shutdown(self) -> None:
-        it = self._it
-        shutdown = getattr(it, "_shutdown_workers", None)
+    def _stop_workers(self) -> None:
+        shutdown = getattr(self._workers, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+        self._workers = None
+        self._finished_epoch = None
         self._it = iter(())
 
     def close(self) -> None:
         if self._closed_state is None and self._loader is not None:
             self._closed_state = self.state_dict()
-        self._shutdown()
+        self._stop_workers()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import re
 import warnings
@@ -624,3 +625,33 @@ def test_worker_output_interleaves_round_robin(jsonl_files):
     rounds = min(counts.values())
     assert workers[: 3 * rounds] == [0, 1, 2] * rounds
     assert len(set(workers[3 * rounds :])) < 3
+
+
+def item_and_pid(x: int) -> tuple[int, int]:
+    return x, os.getpid()
+
+
+def test_persistent_workers_carry_on_to_the_next_epoch():
+    """The same worker processes serve consecutive epochs, in the same orders as fresh ones."""
+    pipe = dp.range(40).shuffle().map(item_and_pid).batch(4)
+    fresh = dp.Loader(pipe, seed=1, num_workers=2)
+    expected = [[b[0].tolist() for b in fresh] for _ in range(4)]
+    loader = dp.Loader(pipe, seed=1, num_workers=2, persistent_workers=True)
+    epochs, pids = [], []
+    for _ in range(3):
+        batches = list(loader)
+        epochs.append([b[0].tolist() for b in batches])
+        pids.append({pid for b in batches for pid in b[1].tolist()})
+    assert epochs == expected[:3]
+    assert pids[0] == pids[1] == pids[2] and len(pids[0]) == 2
+    loader.set_epoch(1)  # not the next epoch: fresh workers, epoch 1 again
+    assert [b[0].tolist() for b in loader] == expected[1]
+    it = iter(loader)  # epoch 2
+    first = [next(it)[0].tolist() for _ in range(3)]
+    state = roundtrip(loader.state_dict())
+    loader.close()
+    resumed = dp.Loader(pipe, seed=1, num_workers=2, persistent_workers=True)
+    resumed.load_state_dict(state)
+    assert first + [b[0].tolist() for b in resumed] == expected[2]
+    assert [b[0].tolist() for b in resumed] == expected[3]
+    resumed.close()
