@@ -115,13 +115,8 @@ class WorkerStreamNode(Node):
         try:
             return next(self._it)
         except StopIteration:
-            self._ended = True
-            self._final_states = self._received_states(self._it) or []
-            if self._persistent:  # the workers wait for the next epoch
-                self._finished_epoch = self._epoch()
-                self._it = iter(())
-            else:
-                self._stop_workers()
+            if not self._ended:  # the first time only; an ended epoch stays ended
+                self._end_epoch()
             raise
         except BaseException as error:
             # The epoch cannot go on: keep the position of the last item returned, stop the
@@ -136,6 +131,15 @@ class WorkerStreamNode(Node):
                 "continue. Common causes: the machine ran out of memory (the kernel's OOM "
                 "killer sends SIGKILL), or native code crashed. Resume from the last checkpoint."
             ) from error
+
+    def _end_epoch(self) -> None:
+        self._ended = True
+        self._final_states = self._received_states(self._it) or []
+        if self._persistent:  # the workers wait for the next epoch
+            self._finished_epoch = self._epoch()
+            self._it = iter(())
+        else:
+            self._stop_workers()
 
     def _dead_workers(self) -> str:
         """``"worker 1 (pid 123, killed by SIGKILL)"`` for each worker process that has died."""

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import datapipes as dp
+from nodes import WorkerStreamNode
 from nodes.testing import roundtrip_state
 
 # ----- helpers (module level, so DataLoader workers could pickle them) ------------------------
@@ -388,3 +389,16 @@ def test_an_iterator_kept_from_before_close_ends(num_workers):
     loader.close()
     assert list(it) == []  # not the rest of the epoch a second time
     assert first + list(loader) == list(range(10))  # the Loader itself continues the epoch
+
+
+@pytest.mark.filterwarnings("ignore::datapipes.BadRecordWarning")
+def test_skip_counts_survive_asking_an_ended_worker_stream_again(tmp_path):
+    pipe = dp.files(_jsonl_with_bad_lines(tmp_path)).read_jsonl(on_error="skip")
+    dataset = dp.TorchDataset(pipe, dp.Topology(0, 1, "arguments"))
+    stream = WorkerStreamNode(dataset, 2, lambda: 0)
+    stream.reset()
+    assert len(list(stream)) == 38
+    with pytest.raises(StopIteration):
+        next(stream)  # asked again after the end: still ended, counts kept
+    skipped = [sum(state["skipped"].values()) for state in stream.worker_states()]
+    assert sum(skipped) == 2
