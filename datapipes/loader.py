@@ -12,9 +12,8 @@ from typing import Any
 from datapipes.pipe import DataPipe
 from datapipes.topology import resolve_topology
 from datapipes.workers import (
-    check_buildable,
     even_batches_agreement,
-    main_process_recipe,
+    runtime_recipe,
     worker_skip_counts,
 )
 from nodes import Context, Node
@@ -138,13 +137,8 @@ class Loader:
         prefetch_factor = dataloader_options.get("prefetch_factor", 2)
         if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
-        # Fails here, not at the first item: main-process steps in a branch, a source that
-        # would hand every consumer the same data.
-        check_buildable(pipe, self.topology, num_workers, self.seed)
-        self._runtime_pipe = (
-            main_process_recipe(pipe, self.topology, self.seed, num_workers, dataloader_options)
-            if num_workers
-            else pipe
+        self._runtime_pipe = runtime_recipe(
+            pipe, self.topology, self.seed, num_workers, dataloader_options
         )
         self._agreement = even_batches_agreement(
             even_batches, pipe, self.topology, num_workers, self.seed

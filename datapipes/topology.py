@@ -85,12 +85,6 @@ def resolve_topology(
     return Topology(0, 1, "single process")
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)`` as :func:`resolve_topology` finds them without a mesh."""
-    topology = resolve_topology(rank, world_size)
-    return topology.rank, topology.world_size
-
-
 def _from_mesh(mesh: Any, mesh_dims: Sequence[str] | str | None) -> Topology:
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
     if mesh_dims is None:

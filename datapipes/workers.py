@@ -37,15 +37,32 @@ class InWorkers(DataPipe[Any]):
         )
 
 
-def main_process_recipe(
+def runtime_recipe(
     pipe: DataPipe[Any],
     topology: Topology,
     seed: int,
     num_workers: int,
     options: dict[str, Any],
 ) -> DataPipe[Any]:
-    """``pipe`` with everything before its main-process steps moved into worker processes."""
+    """The recipe a Loader builds: ``pipe`` itself without workers, else ``pipe`` with
+    everything before its main-process steps moved into worker processes.
+
+    The worker part is built once here (as worker 0 would build it; building
+    opens nothing), so a recipe that cannot run fails now, not at the first
+    item or inside a worker: a main-process step where workers would run it,
+    a source that would hand every consumer the same data (``from_iterable``
+    without ``shard()``), a recipe that spawned workers could not unpickle.
+    """
     worker_part, main_steps = split_main_steps(pipe)
+    ctx = Context(
+        rank=topology.rank,
+        world_size=topology.world_size,
+        num_workers=max(num_workers, 1),
+        seed=seed,
+    )
+    worker_part.build(ctx).close()
+    if not num_workers:
+        return pipe
     check_picklable(worker_part, options.get("multiprocessing_context"))
     dataset = TorchDataset(worker_part, topology, seed)
     return rebuild_on(InWorkers(dataset, num_workers, options), main_steps)
@@ -67,24 +84,6 @@ def check_picklable(pipe: DataPipe[Any], context: Any) -> None:
             f"not pickle: {error}. Define the functions it uses at module level (lambdas and "
             "local functions do not pickle), or use multiprocessing_context='fork'."
         ) from error
-
-
-def check_buildable(pipe: DataPipe[Any], topology: Topology, num_workers: int, seed: int) -> None:
-    """Build the recipe once (as worker 0 would), so a recipe that cannot run fails right away.
-
-    Building opens nothing. A main-process step where workers would run it,
-    or a source that would hand every consumer the same data
-    (``from_iterable`` without ``shard()``), raises its explanation now, not
-    at the first item or from inside a worker.
-    """
-    worker_part, _ = split_main_steps(pipe)
-    ctx = Context(
-        rank=topology.rank,
-        world_size=topology.world_size,
-        num_workers=max(num_workers, 1),
-        seed=seed,
-    )
-    worker_part.build(ctx).close()
 
 
 def worker_skip_counts(root: Node[Any] | None) -> dict[str, int]:

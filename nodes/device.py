@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from nodes.base import Node, State
+from nodes.transforms import MapNode
 
 
 def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -52,21 +53,15 @@ def _pin(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_pinned() else tensor.pin_memory()
 
 
-class _OneToOne(Node):
-    """A main-process step that transforms each item and keeps upstream's position."""
-
-    def __init__(self, upstream: Node) -> None:
-        super().__init__(upstream)
-        self._up = upstream
-
-    def reset(self, state: State | None = None) -> None:
-        self._up.reset(state)
-
-    def state_dict(self) -> State:
-        return self._up.state_dict()
+def _pinned(item: Any) -> Any:
+    return apply_to_tensors(item, _pin)
 
 
-class PinMemoryNode(_OneToOne):
+def _unchanged(item: Any) -> Any:
+    return item
+
+
+class PinMemoryNode(MapNode):
     """Copies the tensors of every item into page-locked memory, for fast host-to-device copies.
 
     Without an accelerator page-locked memory does not exist, and items pass
@@ -74,15 +69,10 @@ class PinMemoryNode(_OneToOne):
     """
 
     def __init__(self, upstream: Node) -> None:
-        super().__init__(upstream)
-        self._enabled = can_pin_memory()
-
-    def __next__(self) -> Any:
-        item = next(self._up)
-        return apply_to_tensors(item, _pin) if self._enabled else item
+        super().__init__(upstream, _pinned if can_pin_memory() else _unchanged)
 
 
-class ToDeviceNode(_OneToOne):
+class ToDeviceNode(MapNode):
     """Moves the tensors of every item to ``device``.
 
     On CUDA the copies are issued with ``non_blocking=True`` on a side stream,
@@ -100,19 +90,19 @@ class ToDeviceNode(_OneToOne):
     """
 
     def __init__(self, upstream: Node, device: str | torch.device | None = None) -> None:
-        super().__init__(upstream)
         self.device = resolve_device(device)
-        self._cuda = self.device is not None and self.device.type == "cuda"
+        if self.device is None:
+            move = _unchanged
+        elif self.device.type == "cuda":
+            move = self._cuda_copy
+        else:
+            move = self._plain_move
+        super().__init__(upstream, move)
         self._stream: Any = None
         self._in_flight: list[tuple[Any, Any]] = []
 
-    def __next__(self) -> Any:
-        item = next(self._up)
-        if self.device is None:
-            return item
-        if not self._cuda:
-            return apply_to_tensors(item, self._plain_copy)
-        return self._cuda_copy(item)
+    def _plain_move(self, item: Any) -> Any:
+        return apply_to_tensors(item, self._plain_copy)
 
     def reset(self, state: State | None = None) -> None:
         self._release_sources()
