@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from datapipes.describe import describe
 from nodes import Context, Node, stable_hash
+from nodes.stats import StatsNode
 
 if TYPE_CHECKING:
     from datapipes.torch_dataset import TorchDataset
@@ -105,8 +106,20 @@ class DataPipe(Generic[T]):
 
     # ----- runtime -----------------------------------------------------------
     def build(self, ctx: Context | None = None) -> Node[T]:
-        """Build the runtime nodes for ``ctx`` (default: one consumer, epoch 0, seed 0)."""
-        return self._build(Context() if ctx is None else ctx)
+        """Build the runtime nodes for ``ctx`` (default: one consumer, epoch 0, seed 0).
+
+        With ``ctx.stats`` every step's node is wrapped in a
+        :class:`nodes.stats.StatsNode` that counts its items and time.
+        """
+        ctx = Context() if ctx is None else ctx
+        node = self._build(ctx)
+        if ctx.stats:
+            node = StatsNode(node, f"{self._key():016x}", self.stats_label())
+        return node
+
+    def stats_label(self) -> str:
+        """This step's name in the statistics table (:meth:`datapipes.Loader.stats`)."""
+        return self.describe_step()
 
     def _build(self, ctx: Context) -> Node[T]:
         raise NotImplementedError
@@ -128,11 +141,32 @@ class DataPipe(Generic[T]):
         return None
 
     # ----- fluent steps ------------------------------------------------------
-    def map(self, fn: Callable[[T], Any]) -> DataPipe[Any]:
-        """Apply ``fn`` to every item: ``dp.range(3).map(str)`` yields ``'0', '1', '2'``."""
+    def map(
+        self,
+        fn: Callable[[T], Any],
+        num_workers: int | None = None,
+        *,
+        method: str = "thread",
+        ordered: bool = True,
+    ) -> DataPipe[Any]:
+        """Apply ``fn`` to every item: ``dp.range(3).map(str)`` yields ``'0', '1', '2'``.
+
+        With ``num_workers=k`` the calls run on a pool of ``k`` threads
+        (``method="thread"``, for work that releases the GIL: numpy, Pillow,
+        torch ops, I/O) or processes (``method="process"``, for pure-Python
+        work; ``fn`` must pickle). At most ``2 * k`` items are in flight.
+        ``ordered=True`` keeps the upstream order and exact resume;
+        ``ordered=False`` yields results as they finish, and a resume then
+        neither loses nor repeats items but may change their order. See
+        :class:`nodes.ParallelMapNode`.
+
+        >>> import datapipes as dp
+        >>> list(dp.Loader(dp.range(4).map(str, num_workers=2)))
+        ['0', '1', '2', '3']
+        """
         from datapipes.steps import Map
 
-        return Map(self, fn)
+        return Map(self, fn, num_workers, method=method, ordered=ordered)
 
     def filter(self, predicate: Callable[[T], bool]) -> DataPipe[T]:
         """Keep the items for which ``predicate(item)`` is true."""

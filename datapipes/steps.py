@@ -27,6 +27,7 @@ from nodes import (
 from nodes.decode import DecodeNode, SampleDecoder, default_decoders
 from nodes.device import PinMemoryNode, ToDeviceNode
 from nodes.errors import ErrorPolicy, check_on_error
+from nodes.parallel_map import ParallelMapNode, check_parallel_map
 from nodes.shard import ShardNode, WholeDataContext
 
 
@@ -48,15 +49,45 @@ class Map(DataPipe[Any]):
     name = "map"
     consumer_length = DataPipe._upstream_length
 
-    def __init__(self, upstream: DataPipe[Any], fn: Callable[[Any], Any]) -> None:
-        super().__init__(upstream, args=(_callable("map", fn),))
+    def __init__(
+        self,
+        upstream: DataPipe[Any],
+        fn: Callable[[Any], Any],
+        num_workers: int | None = None,
+        *,
+        method: str = "thread",
+        ordered: bool = True,
+    ) -> None:
+        kwargs: dict[str, Any] = {}
+        if num_workers is not None:
+            check_parallel_map(_callable("map", fn), num_workers, method)
+            kwargs = {"num_workers": num_workers, "method": method}
+            if not ordered:
+                kwargs["ordered"] = False
+        elif method != "thread" or not ordered:
+            raise ValueError("map's method and ordered apply to a parallel map: set num_workers")
+        super().__init__(upstream, args=(_callable("map", fn),), **kwargs)
+
+    @property
+    def parallel(self) -> bool:
+        """Whether the calls run on a pool (``num_workers`` was given)."""
+        return "num_workers" in self.kwargs
 
     def random_access(self) -> tuple[Sequence[Any], tuple[Callable[[Any], Any], ...]] | None:
-        inner = self.inputs[0].random_access()
+        inner = None if self.parallel else self.inputs[0].random_access()
         return None if inner is None else (inner[0], (*inner[1], self.args[0]))
 
     def _build(self, ctx: Context) -> Node[Any]:
-        return MapNode(self.inputs[0].build(ctx), self.args[0])
+        upstream = self.inputs[0].build(ctx)
+        if not self.parallel:
+            return MapNode(upstream, self.args[0])
+        return ParallelMapNode(
+            upstream,
+            self.args[0],
+            self.kwargs["num_workers"],
+            method=self.kwargs["method"],
+            ordered=self.kwargs.get("ordered", True),
+        )
 
 
 class Filter(DataPipe[Any]):
@@ -101,6 +132,11 @@ class Shuffle(DataPipe[Any]):
     def __init__(
         self, upstream: DataPipe[Any], *, buffer_size: int | None, seed: int | None
     ) -> None:
+        if buffer_size is None and isinstance(upstream, Map) and upstream.parallel:
+            raise ValueError(
+                "a global shuffle() reorders indices, so put it before map(..., num_workers=...)"
+                ": the parallel map then works on the shuffled stream"
+            )
         if buffer_size is None and upstream.random_access() is None:
             raise ValueError(
                 f"shuffle() without buffer_size needs random-access data, but {upstream!r} is "

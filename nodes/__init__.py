@@ -13,6 +13,7 @@ from nodes.device import PinMemoryNode, ToDeviceNode, apply_to_tensors
 from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.even import EvenBatchesNode
 from nodes.files import FileListNode, FileSet
+from nodes.parallel_map import ParallelMapNode
 from nodes.prefetch import PrefetchNode
 from nodes.readers import FileReaderNode, RecordFormat
 from nodes.rng import IndexPermutation, UniformStream, stable_hash
@@ -41,6 +42,7 @@ __all__ = [
     "MapNode",
     "MixNode",
     "Node",
+    "ParallelMapNode",
     "PinMemoryNode",
     "PrefetchNode",
     "RecordFormat",
