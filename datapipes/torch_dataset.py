@@ -11,6 +11,7 @@ from datapipes.placement import check_no_main_steps
 from datapipes.topology import Topology
 from nodes import Context, Node
 from nodes.errors import skip_counts
+from nodes.stats import graph_stats
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
@@ -40,11 +41,14 @@ class TorchDataset(torch.utils.data.IterableDataset):
     [0, 1, 2, 3, 4, 5, 6, 7]
     """
 
-    def __init__(self, pipe: DataPipe[Any], topology: Topology, seed: int = 0) -> None:
+    def __init__(
+        self, pipe: DataPipe[Any], topology: Topology, seed: int = 0, *, stats: bool = False
+    ) -> None:
         check_no_main_steps(pipe)
         self.pipe = pipe
         self.topology = topology
         self.seed = int(seed)
+        self.stats = stats
         self._epoch = 0
         self._last_epoch: int | None = None
         self._pending: dict[str, Any] | None = None
@@ -74,6 +78,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
             worker_id=worker_id,
             num_workers=num_workers,
             seed=self.seed,
+            stats=self.stats,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -99,12 +104,15 @@ class TorchDataset(torch.utils.data.IterableDataset):
         if self._root is None or self._ctx is None:
             return dict(self._pending) if self._pending is not None else {}
         ctx = self._ctx
-        return {
+        state = {
             "epoch": ctx.epoch,
             "consumer": [ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers],
             "node": self._root.state_dict(),
             "skipped": skip_counts(self._root),
         }
+        if self.stats:  # how per-step statistics reach a Loader's main process
+            state["stats"] = graph_stats(self._root)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next pass continue from ``state`` (taken by :meth:`state_dict`)."""

@@ -28,6 +28,9 @@ class InWorkers(DataPipe[Any]):
         object.__setattr__(self, "_dataset", dataset)
         object.__setattr__(self, "_options", options)
 
+    def stats_label(self) -> str:
+        return f"DataLoader workers ({self.args[1]} processes)"
+
     def _build(self, ctx: Context) -> Node[Any]:
         return WorkerStreamNode(
             self._dataset,  # type: ignore[attr-defined]
@@ -43,6 +46,8 @@ def runtime_recipe(
     seed: int,
     num_workers: int,
     options: dict[str, Any],
+    *,
+    stats: bool = False,
 ) -> DataPipe[Any]:
     """The recipe a Loader builds: ``pipe`` itself without workers, else ``pipe`` with
     everything before its main-process steps moved into worker processes.
@@ -64,7 +69,7 @@ def runtime_recipe(
     if not num_workers:
         return pipe
     check_picklable(worker_part, options.get("multiprocessing_context"))
-    dataset = TorchDataset(worker_part, topology, seed)
+    dataset = TorchDataset(worker_part, topology, seed, stats=stats)
     return rebuild_on(InWorkers(dataset, num_workers, options), main_steps)
 
 
@@ -86,14 +91,22 @@ def check_picklable(pipe: DataPipe[Any], context: Any) -> None:
         ) from error
 
 
+def worker_states(root: Node[Any] | None) -> list[dict[str, Any]]:
+    """The latest state each DataLoader worker of ``root``'s graph sent (see ``TorchDataset``)."""
+    return [
+        state or {}
+        for node in walk_graph(root)
+        if isinstance(node, WorkerStreamNode)
+        for state in node.worker_states()
+    ]
+
+
 def worker_skip_counts(root: Node[Any] | None) -> dict[str, int]:
     """Bad records skipped per step, in this process's graph and in the worker processes."""
     counts = skip_counts(root)
-    for node in walk_graph(root):
-        if isinstance(node, WorkerStreamNode):
-            for state in node.worker_states():
-                for step, count in (state or {}).get("skipped", {}).items():
-                    counts[step] = counts.get(step, 0) + count
+    for state in worker_states(root):
+        for step, count in state.get("skipped", {}).items():
+            counts[step] = counts.get(step, 0) + count
     return counts
 
 

@@ -16,6 +16,8 @@ class Context:
     A *consumer* is one (rank, worker) pair; data is dealt across
     ``world_size * num_workers`` consumers. ``epoch`` is mutable: the owner of
     a graph (usually a :class:`datapipes.Loader`) sets it before ``reset``.
+    ``stats=True`` builds every step with per-step statistics
+    (:class:`nodes.stats.StatsNode`).
 
     >>> ctx = Context(rank=1, world_size=2, epoch=3, seed=7)
     >>> ctx.consumer_index, ctx.num_consumers
@@ -31,6 +33,7 @@ class Context:
         num_workers: int = 1,
         epoch: int = 0,
         seed: int = 0,
+        stats: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
@@ -44,6 +47,7 @@ class Context:
         self.num_workers = num_workers
         self.epoch = epoch
         self.seed = seed
+        self.stats = stats
 
     @property
     def consumer_index(self) -> int:
@@ -109,6 +113,7 @@ class ScopedContext(Context):
     num_workers = property(lambda self: self._parent.num_workers)
     epoch = property(lambda self: self._parent.epoch)
     seed = property(lambda self: self._parent.seed)
+    stats = property(lambda self: self._parent.stats)
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
         return self._parent.random_key(self.tag, *parts, seed=seed)

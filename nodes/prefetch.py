@@ -30,6 +30,9 @@ class PrefetchNode(Node):
     stop and join the thread.
     """
 
+    #: its input runs elsewhere (a thread, worker processes): see nodes.stats
+    upstream_in_background = True
+
     def __init__(self, upstream: Node, depth: int = 2) -> None:
         super().__init__(upstream)
         if depth < 1:

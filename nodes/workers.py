@@ -69,6 +69,9 @@ class WorkerStreamNode(Node):
     traceback; a worker that dies ends the epoch with an error naming it.
     """
 
+    #: its input runs elsewhere (a thread, worker processes): see nodes.stats
+    upstream_in_background = True
+
     def __init__(
         self,
         dataset: Any,

@@ -1,0 +1,140 @@
+"""What ``Loader.stats()`` returns: per-step counts and times, and a table naming the slowest."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class StepStats:
+    """One step of the pipeline over the current (or last) epoch.
+
+    ``self_seconds`` and ``wait_seconds`` are wall-clock equivalents: for a
+    step that runs in ``processes`` DataLoader workers they are the workers'
+    sum divided by their number. ``us_per_item`` is the step's own time per
+    item in one process (its cost, however many processes share the work).
+    """
+
+    step: str
+    where: str  # "main" or "workers"
+    processes: int
+    items: int
+    self_seconds: float
+    wait_seconds: float
+    skipped: int
+
+    @property
+    def us_per_item(self) -> float:
+        """Microseconds of the step's own work per item it yielded."""
+        return self.self_seconds * self.processes / self.items * 1e6 if self.items else 0.0
+
+
+@dataclass
+class PipelineStats:
+    """Per-step statistics of a Loader, with a readable table (``str(stats)``).
+
+    >>> import datapipes as dp, time
+    >>> loader = dp.Loader(dp.range(20).map(lambda x: time.sleep(0.001) or x), stats=True)
+    >>> _ = list(loader)
+    >>> stats = loader.stats()
+    >>> stats.slowest().step
+    'map(<lambda>)'
+    >>> [s.items for s in stats.steps]
+    [20, 20]
+    """
+
+    steps: list[StepStats]
+    epoch: int
+    delivered: int  # items the Loader yielded to the training loop
+    elapsed_seconds: float  # since the first item of the epoch was asked for
+    loader_wait_seconds: float  # of which the training loop waited in next(loader)
+
+    def slowest(self) -> StepStats | None:
+        """The step with the most own time (wall-clock equivalent), or ``None`` if none ran."""
+        ran = [step for step in self.steps if step.items or step.self_seconds]
+        return max(ran, key=lambda step: step.self_seconds, default=None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (json-friendly), e.g. for a metrics logger."""
+        out = asdict(self)
+        for row, step in zip(out["steps"], self.steps):
+            row["us_per_item"] = step.us_per_item
+        return out
+
+    def table(self) -> str:
+        """The statistics as a text table, followed by the slowest step and the loader's wait."""
+        total = sum(step.self_seconds for step in self.steps) or 1.0
+        header = ("step", "where", "items", "self s", "us/item", "wait s", "skipped", "share")
+        rows = [
+            (
+                step.step,
+                step.where if step.processes == 1 else f"{step.where} x{step.processes}",
+                f"{step.items:,}",
+                f"{step.self_seconds:.3f}",
+                f"{step.us_per_item:.1f}",
+                f"{step.wait_seconds:.3f}",
+                f"{step.skipped:,}",
+                f"{100 * step.self_seconds / total:.0f}%",
+            )
+            for step in self.steps
+        ]
+        lines = _aligned([header, *rows])
+        slowest = self.slowest()
+        if slowest is not None:
+            share = 100 * slowest.self_seconds / total
+            lines.append(f"slowest step: {slowest.step} ({share:.0f}% of the steps' own time)")
+        waited = self.loader_wait_seconds
+        elapsed = self.elapsed_seconds
+        rate = self.delivered / elapsed if elapsed else 0.0
+        lines.append(
+            f"epoch {self.epoch}: {self.delivered:,} outputs in {elapsed:.2f} s "
+            f"({rate:,.1f}/s); the training loop waited {waited:.2f} s "
+            f"({100 * waited / elapsed if elapsed else 0:.0f}%) for data"
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def merge_rows(
+    where: str, rows_per_process: Iterable[list[dict[str, Any]] | None]
+) -> list[StepStats]:
+    """Sum the rows of several processes running the same recipe (merged by step key)."""
+    merged: dict[str, dict[str, Any]] = {}
+    processes: dict[str, int] = {}
+    for rows in rows_per_process:
+        seen = set()
+        for row in rows or ():
+            key = row["key"]
+            into = merged.setdefault(
+                key, {**row, "items": 0, "self_seconds": 0.0, "wait_seconds": 0.0, "skipped": 0}
+            )
+            for field in ("items", "self_seconds", "wait_seconds", "skipped"):
+                into[field] += row[field]
+            if key not in seen:
+                processes[key] = processes.get(key, 0) + 1
+                seen.add(key)
+    return [
+        StepStats(
+            step=row["step"],
+            where=where,
+            processes=processes[key],
+            items=row["items"],
+            self_seconds=row["self_seconds"] / processes[key],
+            wait_seconds=row["wait_seconds"] / processes[key],
+            skipped=row["skipped"],
+        )
+        for key, row in merged.items()
+    ]
