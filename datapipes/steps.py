@@ -150,6 +150,12 @@ class Shuffle(DataPipe[Any]):
             kwargs["seed"] = seed
         super().__init__(upstream, **kwargs)
 
+    def stats_label(self) -> str:
+        if "buffer_size" in self.kwargs:
+            return self.describe_step()
+        # A global shuffle runs its source and the maps before it as one node.
+        return repr(self).removeprefix("dp.")
+
     def _build(self, ctx: Context) -> Node[Any]:
         seed = self.kwargs.get("seed")
         buffer_size = self.kwargs.get("buffer_size")

@@ -1,0 +1,116 @@
+# %% [markdown]
+# # Feeding the GPU: find the slow step, make it parallel, overlap the copy
+#
+# A training step waits whenever the input pipeline is slower than the model.
+# This tutorial builds a small image pipeline, reads its per-step statistics
+# to find the bottleneck, runs that step on a thread pool, prefetches, and
+# moves batches to the device with `pin_memory()` / `to_device()`. It ends with
+# a checkpoint taken while the pool still has items in flight, which resumes
+# exactly. Run `python tutorials/feeding_the_gpu.py`; it asserts what it shows.
+
+# %%
+import io
+import time
+
+import numpy as np
+import torch
+
+import datapipes as dp
+
+# %% [markdown]
+# ## A pipeline with a slow step
+#
+# "Decoding" here is numpy work plus a short sleep standing in for a JPEG
+# decode or a network read: both release the GIL, so threads help.
+
+# %%
+rng = np.random.default_rng(0)
+RAW = [rng.integers(0, 255, size=(3, 32, 32), dtype=np.uint8) for _ in range(256)]
+
+
+def decode(index: int) -> np.ndarray:
+    time.sleep(0.002)  # I/O or a C decoder: the GIL is released
+    return RAW[index].astype(np.float32) / 255.0
+
+
+def augment(image: np.ndarray) -> np.ndarray:
+    return image[:, ::-1, :].copy()  # a horizontal flip: cheap
+
+
+def recipe(decode_workers: int | None = None) -> dp.DataPipe:
+    return (
+        dp.range(len(RAW))
+        .shuffle()
+        .map(decode, num_workers=decode_workers)
+        .map(augment)
+        .batch(32)
+        .prefetch(2)
+    )
+
+
+# %% [markdown]
+# ## Read the statistics
+#
+# `Loader(stats=True)` times every step: its own work, and the time it waited
+# on its input. `print(loader.stats())` shows a table and names the slowest
+# step. (Statistics cost a fraction of a microsecond per item per step; they
+# are off unless asked for.)
+
+# %%
+loader = dp.Loader(recipe(), seed=0, stats=True)
+serial = [batch for batch in loader]
+print(loader.stats())
+assert loader.stats().slowest().step == "map(decode)"
+
+# %% [markdown]
+# ## Make the slow step parallel
+#
+# `.map(fn, num_workers=4)` runs `decode` on 4 threads (use
+# `method="process"` for pure-Python work that holds the GIL). The output is
+# the same stream in the same order: `ordered=True` is the default.
+
+# %%
+loader = dp.Loader(recipe(decode_workers=4), seed=0, stats=True)
+start = time.perf_counter()
+parallel = [batch for batch in loader]
+print(f"4 decode threads: {time.perf_counter() - start:.2f} s for the epoch")
+print(loader.stats())
+assert len(parallel) == len(serial)
+assert all(torch.equal(a, b) for a, b in zip(serial, parallel))  # same batches, same order
+
+# %% [markdown]
+# ## Onto the device
+#
+# `pin_memory()` and `to_device()` run in the main process, after any worker
+# processes. `to_device()` without an argument picks the current CUDA device
+# when there is one (the copy runs on a side stream, overlapping the model)
+# and does nothing on a CPU-only machine, so one recipe serves both.
+
+# %%
+gpu_recipe = recipe(decode_workers=4).pin_memory().to_device()
+expected = "cuda" if torch.cuda.is_available() else "cpu"
+for batch in dp.Loader(gpu_recipe, seed=0, num_workers=1):
+    assert batch.device.type == expected
+print("batches arrive on", expected)
+
+# %% [markdown]
+# ## A checkpoint while items are in flight
+#
+# The parallel map's state is a position, not the items in its pool: a
+# resume re-reads the few items that were in flight and computes them again.
+
+# %%
+loader = dp.Loader(recipe(decode_workers=4), seed=0)
+it = iter(loader)
+head = [next(it) for _ in range(3)]
+buffer = io.BytesIO()
+torch.save({"data": loader.state_dict()}, buffer)
+loader.close()
+
+buffer.seek(0)
+resumed = dp.Loader(recipe(decode_workers=4), seed=0)
+resumed.load_state_dict(torch.load(buffer, weights_only=True)["data"])
+tail = list(resumed)
+assert all(torch.equal(a, b) for a, b in zip(head + tail, serial))
+assert len(head) + len(tail) == len(serial)
+print(f"resumed after {len(head)} batches: the stream is identical")
