@@ -1,0 +1,332 @@
+"""``python -m datapipes inspect``: reading Loader states out of real checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import datapipes as dp
+from datapipes.inspect import (
+    check_recipe,
+    describe_checkpoint,
+    find_loader_states,
+    load_recipe,
+    main,
+)
+from tests.subprocess_helpers import ROOT
+
+RECIPE = """
+import datapipes as dp
+
+DATA = {data!r}
+
+
+def to_pair(record):
+    return {{"id": record["id"], "x": record["x"] * 2}}
+
+
+pipe = dp.files(DATA + "/part-*.jsonl").read_jsonl().map(to_pair).shuffle(buffer_size=16).batch(4)
+changed = dp.files(DATA + "/part-*.jsonl").read_jsonl().map(to_pair).shuffle(buffer_size=8).batch(4)
+
+
+def other_seed():
+    return dp.Loader(pipe, seed=99)
+"""
+
+
+def write_data(folder: Path, files: int = 3, records: int = 2500) -> None:
+    """JSONL files of ~125 KB each, so that readers get past their first 64 KiB block."""
+    folder.mkdir(exist_ok=True)
+    for f in range(files):
+        with open(folder / f"part-{f}.jsonl", "w") as out:
+            for i in range(records):
+                out.write(json.dumps({"id": f * records + i, "x": i, "pad": "x" * 20}) + "\n")
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    """(path of a recipe file, its module) over real JSONL files in tmp_path."""
+    write_data(tmp_path / "data")
+    path = tmp_path / "recipe.py"
+    path.write_text(RECIPE.format(data=str(tmp_path / "data")))
+    return path, load_recipe(f"{path}:pipe")[0]
+
+
+def mid_epoch_state(pipe, items: int, *, epochs_before: int = 0, **options) -> dict:
+    loader = dp.Loader(pipe, seed=7, **options)
+    for _ in range(epochs_before):
+        for _ in loader:
+            pass
+    for _, _ in zip(range(items), loader):
+        pass
+    state = loader.state_dict()
+    loader.close()
+    return state
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "datapipes", "inspect", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def node_of(state: dict, rank: str = "0") -> dict:
+    return json.loads(state["ranks"][rank]["node"])
+
+
+# ----- the CLI in a real process -------------------------------------------------------
+
+
+def test_torch_save_checkpoint_mid_epoch_shows_epoch_fingerprint_and_reader(recipe, tmp_path):
+    path, pipe = recipe
+    state = mid_epoch_state(pipe, 500, epochs_before=1)  # epoch 1, 2,000 records in
+    model = torch.nn.Linear(4, 2)
+    torch.save({"model": model.state_dict(), "data": state}, tmp_path / "ckpt.pt")
+
+    done = run_cli(str(tmp_path / "ckpt.pt"))
+
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    node = node_of(state)
+    reader = node["anchor"]
+    assert "Loader state at 'data'" in out
+    assert f"fingerprint  {pipe.fingerprint()}" in out
+    assert f"rank 0: epoch {state['ranks']['0']['epoch']}" in out
+    assert state["ranks"]["0"]["epoch"] == 1
+    assert "topology     world size 1, 0 workers, even_batches off" in out
+    for step in pipe.steps():
+        assert f"\n    {step}\n" in out  # the steps, indented as stored
+    assert reader["cursor"] is not None  # past the first block: a real byte offset
+    assert f"file={reader['file']}" in out and f"cursor={reader['cursor']!r}" in out
+    assert f"index={reader['index']}" in out and f"skipped={reader['skipped']}" in out
+    assert f"seq={node['seq']}" in out
+    # the buffer's positions are summarised, never dumped
+    assert f"slots={len(node['slots'])} positions" in out
+    assert str(node["slots"]) not in out
+    # levels: the shuffle, then its anchor (the reader) one level deeper
+    lines = out.splitlines()
+    shuffle_line = next(line for line in lines if "(buffer shuffle)" in line)
+    reader_line = next(line for line in lines if "(reader)" in line)
+    indent = len(shuffle_line) - len(shuffle_line.lstrip())
+    assert reader_line.startswith(" " * (indent + 2) + "anchor: ")
+
+
+def test_recipe_with_the_same_recipe_labels_and_exits_0(recipe, tmp_path):
+    path, pipe = recipe
+    torch.save({"data": mid_epoch_state(pipe, 100)}, tmp_path / "ckpt.pt")
+
+    same = run_cli(str(tmp_path / "ckpt.pt"), "--recipe", f"{path}:pipe")
+
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert f"recipe check ({path}:pipe): OK" in same.stdout
+    assert ".shuffle(buffer_size=16).batch(4) (buffer shuffle)" in same.stdout
+    assert ".read_jsonl().map(to_pair) (reader)" in same.stdout
+
+
+# ----- the CLI in-process --------------------------------------------------------------
+
+
+def test_missing_file_is_a_usage_error_naming_the_path(tmp_path, capsys):
+    missing = tmp_path / "nowhere" / "ckpt.pt"
+    code, out, err = run_main(capsys, str(missing))
+    assert code == 2
+    assert str(missing) in err
+    assert out == ""
+    with pytest.raises(SystemExit) as exited:  # no checkpoint named at all
+        main([])
+    assert exited.value.code == 2
+
+
+def test_two_workers_show_each_worker_and_the_next_one(recipe, tmp_path, capsys):
+    path, pipe = recipe
+    state = mid_epoch_state(pipe, 45, num_workers=2)  # past the first snapshot (32 items)
+    torch.save({"data": state}, tmp_path / "ckpt.pt")
+
+    code, out, _ = run_main(capsys, str(tmp_path / "ckpt.pt"), "--recipe", f"{path}:pipe")
+
+    assert code == 0, out
+    loader_state = node_of(state)["dataloader"]
+    snapshot = loader_state["_snapshot"]
+    since = loader_state["_steps_since_snapshot"]
+    assert snapshot["_snapshot_step"] > 0
+    assert f"snapshot after item {snapshot['_snapshot_step']} of the epoch" in out
+    assert f"{since} items returned since" in out
+    following = (snapshot["_last_yielded_worker_id"] + 1 + since) % 2
+    assert f"from worker {following}" in out
+    assert "topology     world size 1, 2 workers" in out
+    for worker in (0, 1):
+        dataset = snapshot["_worker_snapshots"][f"worker_{worker}"]["dataset_state"]
+        header = f"worker {worker} (consumer {worker} of 2): epoch 0, skipped: none"
+        assert header in out
+        block = out.split(header, 1)[1]
+        reader = dataset["node"]["anchor"]
+        assert f"file={reader['file']}" in block.split("\n      worker", 1)[0]
+    # with the recipe, each worker's levels carry its steps
+    assert out.count(".shuffle(buffer_size=16).batch(4) (buffer shuffle)") == 2
+
+
+def test_json_file_and_nested_paths(recipe, tmp_path, capsys):
+    _, pipe = recipe
+    first = mid_epoch_state(pipe, 10)
+    second = mid_epoch_state(dp.range(50).shuffle().batch(5), 3)
+    (tmp_path / "run.json").write_text(json.dumps({"run": {"loaders": [first, second]}}))
+
+    code, out, _ = run_main(capsys, str(tmp_path / "run.json"))
+
+    assert code == 0
+    assert "Loader state at 'run.loaders[0]'" in out
+    assert "Loader state at 'run.loaders[1]'" in out
+    assert f"position={node_of(second)['position']}" in out
+    assert [path for path, _ in find_loader_states({"a": [{"b": first}]})] == ["a[0].b"]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_directory(tmp_path, capsys):
+    import torch.distributed.checkpoint as dcp
+
+    pipe = dp.range(100).shuffle().batch(4)
+    loader = dp.Loader(pipe, seed=5)
+    for _, _ in zip(range(6), loader):
+        pass
+    model = torch.nn.Linear(3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": model.state_dict(), "data": loader}, checkpoint_id=str(tmp_path / "c"))
+    state = loader.state_dict()
+    loader.close()
+
+    code, out, _ = run_main(capsys, str(tmp_path / "c"), "--json")
+
+    assert code == 0
+    [found] = json.loads(out)["loader_states"]
+    assert found["path"] == "data"
+    assert found["state"]["fingerprint"] == pipe.fingerprint()
+    assert found["state"]["ranks"]["0"]["node"] == node_of(state)
+    code, out, _ = run_main(capsys, str(tmp_path / "c"), "--recipe", _recipe_file(tmp_path))
+    assert code == 0, out
+    assert "dp.range(100).shuffle().batch(4) (sequence source)" in out
+
+
+def _recipe_file(tmp_path: Path) -> str:
+    path = tmp_path / "range_recipe.py"
+    path.write_text("import datapipes as dp\npipe = dp.range(100).shuffle().batch(4)\n")
+    return f"{path}:pipe"
+
+
+def test_dcp_metadata_with_other_globals_is_refused_not_unpickled(tmp_path, capsys):
+    marker = tmp_path / "was-unpickled"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(pickle.dumps(Evil()))
+    torch.save(Evil(), tmp_path / "evil.pt")
+
+    for path in (folder, tmp_path / "evil.pt"):
+        code, _, err = run_main(capsys, str(path))
+        assert code == 2
+        assert str(path) in err
+    assert not marker.exists()
+
+
+def test_json_output_has_the_decoded_node_state(recipe, tmp_path, capsys):
+    path, pipe = recipe
+    state = mid_epoch_state(pipe, 20)
+    torch.save({"model": {}, "data": state}, tmp_path / "ckpt.pt")
+
+    code, out, _ = run_main(capsys, str(tmp_path / "ckpt.pt"), "--json", "--recipe", f"{path}:pipe")
+
+    assert code == 0
+    parsed = json.loads(out)
+    node = parsed["loader_states"][0]["state"]["ranks"]["0"]["node"]
+    assert isinstance(node, dict) and node == node_of(state)
+    assert parsed["recipe_check"] == [{"path": "data", "ok": True, "problems": []}]
+
+
+def test_no_loader_state_exits_1_naming_the_top_level_keys(tmp_path, capsys):
+    torch.save({"model": {"w": torch.zeros(2)}, "step": 3}, tmp_path / "model.pt")
+    code, out, err = run_main(capsys, str(tmp_path / "model.pt"))
+    assert code == 1
+    assert out == ""
+    assert "['model', 'step']" in err
+
+
+def test_changed_files_fail_the_recipe_check(recipe, tmp_path, capsys):
+    path, pipe = recipe
+    state = mid_epoch_state(pipe, 20)
+    assert check_recipe(state, pipe) == []
+    write_data(tmp_path / "data", files=4, records=10)  # one more file, others rewritten
+
+    problems = check_recipe(state, pipe)
+
+    assert len(problems) == 1 and "the files changed" in problems[0]
+
+
+def test_in_process_description_with_and_without_recipe():
+    def double(x):
+        return 2 * x
+
+    pipe = dp.mix([dp.range(30).map(double), dp.range(20).shuffle().repeat(2)], [1, 3]).batch(2)
+    state = mid_epoch_state(pipe, 6)
+    node = node_of(state)
+
+    plain = describe_checkpoint({"data": state})
+    labelled = describe_checkpoint(state, pipe)
+
+    assert "(mix)" in plain and f"draws={node['draws']}" in plain
+    assert f"round={node['inputs'][1]['round']}" in plain
+    assert "repeat(2) (repeat)" in plain  # the one saved step of that kind
+    assert "dp.mix(2 pipes, weights=[1.0, 3.0], stop='all_exhausted').batch(2) (mix)" in labelled
+    assert f"inputs[0]: {pipe.inputs[0].inputs[0]!r} (sequence source)" in labelled
+    assert "recipe check (recipe): OK" in labelled
+    with pytest.raises(ValueError, match="top-level keys"):
+        describe_checkpoint({"model": {}})
+
+
+def test_a_finished_epoch_has_no_position():
+    loader = dp.Loader(dp.range(4).batch(2), seed=0)
+    list(loader)
+    text = describe_checkpoint(loader.state_dict())
+    assert "rank 0: epoch 1" in text
+    assert "no position: the next iteration runs epoch 1 from its start" in text
+
+
+def test_recipe_changed_or_with_another_seed_exits_1(recipe, tmp_path, capsys):
+    path, pipe = recipe
+    torch.save({"data": mid_epoch_state(pipe, 100)}, tmp_path / "ckpt.pt")
+    ckpt = str(tmp_path / "ckpt.pt")
+
+    code, out, _ = run_main(capsys, ckpt, "--recipe", f"{path}:changed")
+    assert code == 1
+    assert "FAILED" in out
+    assert "-shuffle(buffer_size=16)" in out and "+shuffle(buffer_size=8)" in out
+
+    code, out, _ = run_main(capsys, ckpt, "--recipe", f"{path}:other_seed")
+    assert code == 1
+    assert "seed=7" in out and "seed=99" in out
+
+    code, _, err = run_main(capsys, ckpt, "--recipe", f"{path}:DATA")
+    assert code == 2 and "expected a DataPipe" in err
