@@ -110,6 +110,27 @@ def read_manifest(directory: Path, wanted: dict[str, int]) -> dict[str, Any] | N
     return manifest
 
 
+def cached_data_set(
+    directory: Path, wanted: dict[str, int], what: str, build: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """The manifest of the data set in ``directory`` if it matches ``wanted``, else a new one.
+
+    A new data set is made in an emptied ``directory`` by ``build()``, which
+    returns the manifest's other entries (with ``files`` and their ``sizes``).
+    """
+    manifest = read_manifest(directory, wanted)
+    if manifest is not None:
+        return manifest
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    print(f"generating {what} under {directory} ...", flush=True)
+    start = time.perf_counter()
+    manifest = {**wanted, **build()}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    print(f"  done in {time.perf_counter() - start:.1f} s", flush=True)
+    return manifest
+
+
 def generate_shards(
     directory: Path, size_mb: int, shards: int, seed: int, prefix: str = "train"
 ) -> dict[str, Any]:
@@ -118,30 +139,24 @@ def generate_shards(
     Record ids run 0, 1, 2, ... through the shards in order. Each shard has
     its own seeded RNG, so the bytes do not depend on how many processes write.
     """
-    wanted = {"version": FORMAT_VERSION, "size_mb": size_mb, "shards": shards, "seed": seed}
-    manifest = read_manifest(directory, wanted)
-    if manifest is not None:
-        return manifest
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
-    per_shard = records_per_shard(size_mb * 2**20 // shards, seed)
-    names = [f"{prefix}-{i:05d}-of-{shards:05d}.jsonl" for i in range(shards)]
-    print(f"generating {size_mb} MB in {shards} shard(s) under {directory} ...", flush=True)
-    start = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=min(shards, os.cpu_count() or 1)) as pool:
-        sizes = list(
-            pool.map(
-                write_shard,
-                [str(directory / name) for name in names],
-                [i * per_shard for i in range(shards)],
-                [per_shard] * shards,
-                [seed] * shards,
+
+    def build() -> dict[str, Any]:
+        per_shard = records_per_shard(size_mb * 2**20 // shards, seed)
+        names = [f"{prefix}-{i:05d}-of-{shards:05d}.jsonl" for i in range(shards)]
+        with ProcessPoolExecutor(max_workers=min(shards, os.cpu_count() or 1)) as pool:
+            sizes = list(
+                pool.map(
+                    write_shard,
+                    [str(directory / name) for name in names],
+                    [i * per_shard for i in range(shards)],
+                    [per_shard] * shards,
+                    [seed] * shards,
+                )
             )
-        )
-    manifest = {**wanted, "records": per_shard * shards, "files": names, "sizes": sizes}
-    (directory / "manifest.json").write_text(json.dumps(manifest))
-    print(f"  done in {time.perf_counter() - start:.1f} s", flush=True)
-    return manifest
+        return {"records": per_shard * shards, "files": names, "sizes": sizes}
+
+    wanted = {"version": FORMAT_VERSION, "size_mb": size_mb, "shards": shards, "seed": seed}
+    return cached_data_set(directory, wanted, f"{size_mb} MB in {shards} shard(s)", build)
 
 
 def default_workdir(name: str) -> Path:
@@ -169,11 +184,13 @@ def collate(batch: list[dict[str, int | float]]) -> Batch:
     }
 
 
-def batches(items: Iterable[Any]) -> Iterator[Batch]:
-    """Collated batches of ``BATCH`` items (the last one may be short)."""
+def batches(
+    items: Iterable[Any], size: int = BATCH, collate_fn: Callable[[list[Any]], Any] = collate
+) -> Iterator[Any]:
+    """Collated batches of ``size`` items (the last one may be short)."""
     items = iter(items)
-    while batch := list(islice(items, BATCH)):
-        yield collate(batch)
+    while batch := list(islice(items, size)):
+        yield collate_fn(batch)
 
 
 # ----- the contenders --------------------------------------------------------------------
@@ -218,9 +235,9 @@ def hf_datasets(paths: list[str], pattern: str) -> Iterator[Batch]:
     return batches(ds)
 
 
-def datapipes_loader(paths: list[str], pattern: str) -> Iterator[Batch]:
+def datapipes_loader(paths: list[str], pattern: str, stats: bool = False) -> Iterator[Batch]:
     pipe = dp.files(pattern).read_jsonl().map(features).shuffle(BUFFER)
-    return iter(dp.Loader(pipe.batch(BATCH, collate_fn=collate), seed=0))
+    return iter(dp.Loader(pipe.batch(BATCH, collate_fn=collate), seed=0, stats=stats))
 
 
 def hf_available() -> bool:

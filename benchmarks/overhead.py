@@ -46,8 +46,9 @@ def plain_chain(n: int) -> Iterator[Any]:
         yield default_collate(batch)
 
 
-def datapipes_loader(n: int) -> Iterator[Any]:
-    return iter(dp.Loader(dp.range(n).map(triple).filter(is_even).batch(BATCH)))
+def datapipes_loader(n: int, stats: bool = False) -> Iterator[Any]:
+    pipe = dp.range(n).map(triple).filter(is_even).batch(BATCH)
+    return iter(dp.Loader(pipe, stats=stats))
 
 
 def torchdata_nodes(n: int) -> Iterator[Any]:

@@ -68,9 +68,12 @@ def pipeline(path: Path) -> dp.DataPipe[Record]:
     return dp.files(str(path)).read_jsonl()
 
 
-def collect_states(path: Path, positions: list[int]) -> tuple[dict[int, State], float]:
-    """``state_dict()`` after the first k records, for each k (one pass); and its seconds."""
-    loader = dp.Loader(pipeline(path), seed=0)
+def collect_states(loader: Any, positions: list[int]) -> tuple[dict[int, State], float]:
+    """``loader.state_dict()`` after its first k items, for each k (one pass); and its seconds.
+
+    ``loader`` is anything iterable with ``state_dict()`` (a ``dp.Loader``, a
+    ``torchdata.nodes.Loader``, a ``StatefulDataLoader``); it is closed if it can be.
+    """
     stream = iter(loader)
     states: dict[int, State] = {}
     done = 0
@@ -80,7 +83,8 @@ def collect_states(path: Path, positions: list[int]) -> tuple[dict[int, State], 
         done = k
         states[k] = json.loads(json.dumps(loader.state_dict()))  # as a checkpoint would
     seconds = time.perf_counter() - start
-    loader.close()
+    if hasattr(loader, "close"):
+        loader.close()
     return states, seconds
 
 
@@ -153,7 +157,7 @@ def main() -> None:
     path, total = generate_file(directory, args.size_mb, args.seed)
     fractions = list(POSITIONS)
     positions = [min(int(f * total), total - args.records) for f in fractions]
-    states, seconds = collect_states(path, positions)
+    states, seconds = collect_states(dp.Loader(pipeline(path), seed=0), positions)
     size_mb = path.stat().st_size / 2**20
     print(
         f"{size_mb:.0f} MB JSONL file, {total:,} records. Collecting the states took "

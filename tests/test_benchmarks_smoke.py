@@ -1,0 +1,116 @@
+"""``benchmarks/compare.py --quick`` runs end to end and reports every row (no timings checked)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPARE = ROOT / "benchmarks" / "compare.py"
+
+THROUGHPUT_ROWS = {
+    "overhead": [
+        "plain generator chain",
+        "torch DataLoader (IterableDataset, 0 workers)",
+        "torchdata.nodes",
+        "Grain (MapDataset -> IterDataset)",
+        "HF datasets (IterableDataset)",
+        "datapipes",
+    ],
+    "jsonl": [
+        "hand-written generator",
+        "HF datasets (streaming)",
+        "torchdata.nodes",
+        "datapipes (0 workers)",
+        "hand-written in torch DataLoader (2 workers)",
+        "datapipes (2 workers)",
+    ],
+    "images": [
+        f"{name} ({workers} workers)"
+        for workers in (0, 2)
+        for name in ("hand-written in torch DataLoader", "webdataset", "datapipes")
+    ],
+}
+RESUME_ROWS = ["HF datasets + StatefulDataLoader", "torchdata.nodes", "datapipes"]
+RATIO = re.compile(r"^\**\d+\.\d\dx\**$")
+
+
+def run_compare(tmp_path: Path, *args: str, pythonpath: str = "") -> tuple[str, str]:
+    """Run the command; return its stdout and the markdown file it wrote."""
+    out = tmp_path / "report.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, str(ROOT)]))}
+    done = subprocess.run(
+        [sys.executable, str(COMPARE), "--quick", "--workdir", str(tmp_path / "data")]
+        + ["--markdown", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout, out.read_text()
+
+
+def table_rows(markdown: str, section: str) -> list[list[str]]:
+    """The body rows of the first table after ``## section``, as lists of cells."""
+    lines = markdown.split(f"## {section}\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip("|").split("|")])
+    return table[2:]  # past the header and the alignment row
+
+
+def assert_ratio_or_skipped(cell: str, row: list[str]) -> None:
+    assert RATIO.match(cell) or re.match(r"^skipped: \S", cell), row
+
+
+@pytest.mark.timeout(200)
+def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) -> None:
+    # Grain is made unimportable: its row must say so, and the run must go on.
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "grain.py").write_text("raise ImportError('grain is hidden by the test')\n")
+    stdout, markdown = run_compare(tmp_path, pythonpath=str(hidden))
+    assert markdown in stdout  # printed and written alike
+
+    header = markdown.splitlines()[2]
+    assert header.startswith("Machine: ") and " cores " in header, header
+    for peer in ("torchdata", "datasets", "grain", "webdataset", "torch", "Python"):
+        assert f"{peer} " in header, (peer, header)
+    assert "> 1.00x means faster" in markdown
+
+    rows = table_rows(markdown, "Throughput")
+    seen = [(row[0], row[1]) for row in rows]
+    wanted = [(w, name) for w, names in THROUGHPUT_ROWS.items() for name in names]
+    assert seen == wanted
+    for row in rows:
+        assert_ratio_or_skipped(row[5], row)
+        if RATIO.match(row[5]):
+            assert re.match(r"^\d+\.\d{3} s$", row[2]) and re.match(r"^\d+\.\d{3} s$", row[4])
+    baselines = [row for row in rows if row[6] == "(itself)"]
+    assert [row[1] for row in baselines] == [names[0] for names in THROUGHPUT_ROWS.values()]
+    # the hand-written baselines and datapipes itself must run in the smallest mode
+    for row in baselines + [row for row in rows if row[1].startswith("datapipes")]:
+        assert RATIO.match(row[5]), row
+    grain = next(row for row in rows if row[1].startswith("Grain"))
+    skipped = "skipped: failed: ImportError: grain is hidden by the test"
+    assert grain[2:6] == ["—", "—", "—", skipped], grain
+
+    resume = table_rows(markdown, "Resume cost")
+    assert [row[0] for row in resume] == RESUME_ROWS
+    for row in resume:
+        assert_ratio_or_skipped(row[3], row)
+    assert RATIO.match(resume[-1][3]), resume[-1]
+
+    goals = markdown.split("## Goals\n", 1)[1].strip().splitlines()
+    assert len(goals) == 8, goals
+    assert all(re.match(r"^- (PASS|MISS|n/a) ", goal) for goal in goals), goals
