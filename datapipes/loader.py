@@ -165,6 +165,7 @@ class Loader:
         self._run_id = 0
         self._live_run: weakref.ref[Iterator[Any]] | None = None
         self._clock = EpochClock()
+        self._closed_stats: PipelineStats | None = None
         self._last_epoch = 0
 
     # ----- iteration -----------------------------------------------------------
@@ -186,6 +187,7 @@ class Loader:
         root = self._root
         if root is None:
             root = self._root = self._build()
+            self._closed_stats = None
         epoch = self._next_epoch
         self._context.epoch = epoch
         root.reset(self._pending)
@@ -228,7 +230,8 @@ class Loader:
                 root.close()
             raise
         finally:
-            self._clock.stop()
+            if self._run_id == run_id:  # not an abandoned iterator of an earlier epoch
+                self._clock.stop()
             if bar is not None:
                 bar.close()
         if self._run_id == run_id:
@@ -249,6 +252,8 @@ class Loader:
             raise RuntimeError(
                 "statistics are off for this Loader: make it with dp.Loader(..., stats=True)"
             )
+        if self._root is None and self._closed_stats is not None:
+            return self._closed_stats
         rows = graph_stats(self._root)
         loader = [row for row in rows if row["key"] == LOADER_KEY]
         steps = merge_rows("workers", [s.get("stats") for s in worker_states(self._root)])
@@ -290,6 +295,8 @@ class Loader:
             if run is not None:
                 run.close()  # an iterator kept from before close() ends instead of going on
             self._root.close()
+            if self.collects_stats:  # the last epoch's statistics outlive the graph
+                self._closed_stats = self.stats()
             self._root = None
         self._running_epoch = None
 

@@ -154,10 +154,15 @@ class DataPipe(Generic[T]):
         With ``num_workers=k`` the calls run on a pool of ``k`` threads
         (``method="thread"``, for work that releases the GIL: numpy, Pillow,
         torch ops, I/O) or processes (``method="process"``, for pure-Python
-        work; ``fn`` must pickle). At most ``2 * k`` items are in flight.
+        work; ``fn`` must pickle). At most ``2 * k`` tasks are in flight,
+        each holding as many items as take about 2 ms (threads) or 10 ms
+        (processes) of work, up to 256.
         ``ordered=True`` keeps the upstream order and exact resume;
         ``ordered=False`` yields results as they finish, and a resume then
-        neither loses nor repeats items but may change their order. See
+        neither loses nor repeats items but may change their order; so no
+        later step may resume by re-reading its input (a buffer shuffle,
+        ``flat_map``, ``unbatch``, ``shard``, another parallel map, DataLoader
+        workers), and the Loader refuses such recipes. See
         :class:`nodes.ParallelMapNode`.
 
         >>> import datapipes as dp

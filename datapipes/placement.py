@@ -75,3 +75,41 @@ def rebuild_on(base: DataPipe[Any], steps: Sequence[DataPipe[Any]]) -> DataPipe[
     for step in steps:
         base = _rebuild(type(step), {**step.__dict__, "inputs": (base,)})
     return base
+
+
+def check_replay_order(pipe: DataPipe[Any], num_workers: int) -> None:
+    """Refuse an unordered parallel map whose output a later step resumes by replaying.
+
+    ``map(..., ordered=False)`` yields results in the order they finish, so a
+    second pass from the same state may order them differently. A step that
+    resumes by re-reading its input (a buffer shuffle, ``flat_map``,
+    ``unbatch``, ``shard``, a parallel map) and the DataLoader workers (which
+    replay the items since their last snapshot) would then skip the wrong
+    items: some would be lost and others repeated. Also refuses
+    ``method="process"`` where DataLoader workers would run it.
+    """
+
+    def walk(step: DataPipe[Any], replayed_by: str | None, in_workers: bool) -> None:
+        if getattr(step, "unordered", False) and replayed_by is not None:
+            raise ValueError(
+                f".{step.describe_step()} yields items in the order they finish, but "
+                f"{replayed_by}, so a resume would lose some items and repeat others. Use "
+                "ordered=True (the default), or put the unordered map after the steps that "
+                "replay, with no DataLoader workers."
+            )
+        if in_workers and step.name == "map" and step.kwargs.get("method") == "process":
+            raise ValueError(
+                f".{step.describe_step()} would start processes inside DataLoader workers, "
+                "which may not have children. Use method='thread' there, or drop the map's "
+                "num_workers and raise the Loader's num_workers instead."
+            )
+        if getattr(step, "replays_input", False):
+            replayed_by = f".{step.describe_step()} re-reads them when it resumes"
+        for upstream in step.inputs:
+            walk(upstream, replayed_by, in_workers)
+
+    worker_part, _ = split_main_steps(pipe)
+    walk(pipe, None, in_workers=False)
+    if num_workers:
+        replay = "the DataLoader workers re-read them when they resume from their last snapshot"
+        walk(worker_part, replay, True)

@@ -73,6 +73,16 @@ class Map(DataPipe[Any]):
         """Whether the calls run on a pool (``num_workers`` was given)."""
         return "num_workers" in self.kwargs
 
+    @property
+    def replays_input(self) -> bool:
+        """A parallel map resumes by re-reading up to 64 upstream items."""
+        return self.parallel
+
+    @property
+    def unordered(self) -> bool:
+        """Whether results come out as they finish (a replay may reorder them)."""
+        return self.kwargs.get("ordered", True) is False
+
     def random_access(self) -> tuple[Sequence[Any], tuple[Callable[[Any], Any], ...]] | None:
         inner = None if self.parallel else self.inputs[0].random_access()
         return None if inner is None else (inner[0], (*inner[1], self.args[0]))
@@ -106,6 +116,7 @@ class FlatMap(DataPipe[Any]):
     """Every item of ``fn(item)``."""
 
     name = "flat_map"
+    replays_input = True  # resumes by re-reading upstream items (see check_replay_order)
 
     def __init__(self, upstream: DataPipe[Any], fn: Callable[[Any], Any]) -> None:
         super().__init__(upstream, args=(_callable("flat_map", fn),))
@@ -118,6 +129,7 @@ class Unbatch(DataPipe[Any]):
     """The samples of every batch."""
 
     name = "unbatch"
+    replays_input = True  # resumes by re-reading upstream items (see check_replay_order)
 
     def _build(self, ctx: Context) -> Node[Any]:
         return FlatMapNode(self.inputs[0].build(ctx), unbatch_items)
@@ -149,6 +161,11 @@ class Shuffle(DataPipe[Any]):
         if seed is not None:
             kwargs["seed"] = seed
         super().__init__(upstream, **kwargs)
+
+    @property
+    def replays_input(self) -> bool:
+        """A buffer shuffle resumes by re-reading a window of upstream items."""
+        return "buffer_size" in self.kwargs
 
     def stats_label(self) -> str:
         if "buffer_size" in self.kwargs:
@@ -299,6 +316,7 @@ class Shard(DataPipe[Any]):
     """Every consumer's share of a stream that all consumers read in full."""
 
     name = "shard"
+    replays_input = True  # resumes by re-reading upstream items (see check_replay_order)
 
     def consumer_length(self, ctx: Context) -> int | None:
         n = self.inputs[0].consumer_length(WholeDataContext(ctx))

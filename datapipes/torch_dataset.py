@@ -12,6 +12,7 @@ from datapipes.topology import Topology
 from nodes import Context, Node
 from nodes.errors import skip_counts
 from nodes.stats import graph_stats
+from nodes.workers import inline_small_tensors
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
@@ -42,24 +43,34 @@ class TorchDataset(torch.utils.data.IterableDataset):
     """
 
     def __init__(
-        self, pipe: DataPipe[Any], topology: Topology, seed: int = 0, *, stats: bool = False
+        self,
+        pipe: DataPipe[Any],
+        topology: Topology,
+        seed: int = 0,
+        *,
+        stats: bool = False,
+        inline_tensors: bool = False,
     ) -> None:
         check_no_main_steps(pipe)
         self.pipe = pipe
         self.topology = topology
         self.seed = int(seed)
         self.stats = stats
+        # Only where the DataLoader's collate passes items through unchanged (a Loader's
+        # workers): a collating DataLoader would meet the wrappers instead of tensors.
+        self.inline_tensors = inline_tensors
         self._epoch = 0
         self._last_epoch: int | None = None
         self._pending: dict[str, Any] | None = None
         self._root: Node[Any] | None = None
         self._ctx: Context | None = None
+        self._start: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for spawned workers, which cannot see the process group: check it here.
         self.topology.check_against_torch_distributed()
         # A copy sent to a worker starts clean: the live graph (files, threads) stays here.
-        return {**self.__dict__, "_root": None, "_ctx": None}
+        return {**self.__dict__, "_root": None, "_ctx": None, "_start": None}
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass run ``epoch`` (forgets a loaded but unused state)."""
@@ -94,24 +105,43 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self._last_epoch = ctx.epoch
         if self._root is not None:
             self._root.close()
-        root = self._root = self.pipe.build(ctx)
-        self._ctx = ctx
-        root.reset(None if pending is None else pending["node"])
-        return _closing(root)
+        self._root, self._ctx, self._start = None, ctx, pending
+        return self._run(ctx, pending)
+
+    def _run(self, ctx: Context, pending: dict[str, Any] | None) -> Iterator[Any]:
+        # Built at the first item, not in __iter__: a DataLoader worker that fails there
+        # reports the error with an item, which the main process handles like any other,
+        # rather than during its startup handshake, where torchdata cannot stop it.
+        root = self.pipe.build(ctx)
+        try:
+            root.reset(None if pending is None else pending["node"])
+            self._root = root
+            items: Iterator[Any] = iter(root)
+            if self.inline_tensors and torch.utils.data.get_worker_info() is not None:
+                items = map(inline_small_tensors, items)
+            yield from items
+        finally:
+            root.close()
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's position: epoch, consumer slot and node state (plain data)."""
-        if self._root is None or self._ctx is None:
-            return dict(self._pending) if self._pending is not None else {}
         ctx = self._ctx
+        if ctx is None:
+            return dict(self._pending) if self._pending is not None else {}
+        if self._root is None:  # a pass that has not read its first item starts here
+            start = self._start or {}
+            node, skipped, rows = start.get("node"), start.get("skipped", {}), []
+        else:
+            node, skipped = self._root.state_dict(), skip_counts(self._root)
+            rows = graph_stats(self._root) if self.stats else []
         state = {
             "epoch": ctx.epoch,
             "consumer": [ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers],
-            "node": self._root.state_dict(),
-            "skipped": skip_counts(self._root),
+            "node": node,
+            "skipped": skipped,
         }
         if self.stats:  # how per-step statistics reach a Loader's main process
-            state["stats"] = graph_stats(self._root)
+            state["stats"] = rows
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -132,11 +162,3 @@ class TorchDataset(torch.utils.data.IterableDataset):
     def __repr__(self) -> str:
         rank, world = self.topology.rank, self.topology.world_size
         return f"TorchDataset({self.pipe!r}, rank={rank}, world_size={world})"
-
-
-def _closing(root: Node[Any]) -> Iterator[Any]:
-    """Yields the root's items and closes it (threads, files) when the pass ends or is dropped."""
-    try:
-        yield from iter(root)
-    finally:
-        root.close()

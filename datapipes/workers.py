@@ -8,7 +8,7 @@ from itertools import chain
 from typing import Any
 
 from datapipes.pipe import DataPipe
-from datapipes.placement import rebuild_on, split_main_steps
+from datapipes.placement import check_replay_order, rebuild_on, split_main_steps
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from nodes import Context, Node
@@ -58,6 +58,7 @@ def runtime_recipe(
     a source that would hand every consumer the same data (``from_iterable``
     without ``shard()``), a recipe that spawned workers could not unpickle.
     """
+    check_replay_order(pipe, num_workers)
     worker_part, main_steps = split_main_steps(pipe)
     ctx = Context(
         rank=topology.rank,
@@ -69,7 +70,7 @@ def runtime_recipe(
     if not num_workers:
         return pipe
     check_picklable(worker_part, options.get("multiprocessing_context"))
-    dataset = TorchDataset(worker_part, topology, seed, stats=stats)
+    dataset = TorchDataset(worker_part, topology, seed, stats=stats, inline_tensors=True)
     return rebuild_on(InWorkers(dataset, num_workers, options), main_steps)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import (
@@ -15,7 +16,7 @@ from concurrent.futures import (
     wait,
 )
 from time import perf_counter
-from typing import Any
+from typing import Any, NoReturn
 
 from nodes.base import Node, NotReset, State
 
@@ -34,16 +35,47 @@ TASK_SECONDS = {"thread": 0.002, "process": 0.01}
 MAX_TASK_ITEMS = 256
 
 
-def run_task(fn: Callable[[Any], Any], items: list[Any]) -> tuple[list[Any], float]:
-    """``([fn(x) for x in items], seconds it took)``: runs in the pool, so the time is the work."""
+class TaskFailure:
+    """An exception ``fn`` raised in the pool, with its traceback as text (which pickles)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.traceback = "".join(traceback.format_exception(error))
+
+    def reraise(self) -> NoReturn:
+        error = self.error
+        if error.__traceback__ is None:  # it came from another process
+            error.__cause__ = RemoteTraceback(self.traceback)
+        raise error
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a parallel map's worker process."""
+
+    def __str__(self) -> str:
+        return f"\n{self.args[0]}"
+
+
+def run_task(
+    fn: Callable[[Any], Any], items: list[Any]
+) -> tuple[list[Any], float, TaskFailure | None]:
+    """``fn`` of each item (up to the first that raises), the seconds it took, and the failure.
+
+    Runs in the pool, so the time is the work alone. The results before a
+    failure are returned with it, so they still reach the consumer in order.
+    """
     start = perf_counter()
-    results = list(map(fn, items))
-    return results, perf_counter() - start
+    results: list[Any] = []
+    try:
+        results.extend(map(fn, items))
+    except Exception as error:
+        return results, perf_counter() - start, TaskFailure(error)
+    return results, perf_counter() - start, None
 
 
 def check_parallel_map(fn: Callable[[Any], Any], num_workers: int, method: str) -> None:
     """Raise a helpful error for arguments a parallel map cannot run with."""
-    if not isinstance(num_workers, int) or num_workers < 1:
+    if type(num_workers) is not int or num_workers < 1:
         raise ValueError(f"map num_workers must be an int >= 1, got {num_workers!r}")
     if method not in METHODS:
         raise ValueError(f"map method must be 'thread' or 'process', got {method!r}")
@@ -72,7 +104,9 @@ class ParallelMapNode(Node):
     * ``ordered=False``: each task's results come out as soon as they are
       ready, so one slow item does not hold up the others. A resume neither
       loses nor repeats an item, but the order after the resume may differ
-      from the uninterrupted run's.
+      from the uninterrupted run's; so a downstream node that resumes by
+      re-reading its input would skip the wrong items (the recipe layer
+      refuses that: ``datapipes.placement.check_replay_order``).
 
     State: ``{"up": upstream state at a snapshot, "skip": k, "done": [...]}``.
     Upstream's state is snapshotted once every ``SNAPSHOT_EVERY`` reads, not
@@ -198,11 +232,13 @@ class ParallelMapNode(Node):
             if not in_flight:
                 return
             numbers, future = in_flight.popleft() if self._ordered else self._first_done()
-            results, seconds = future.result()
+            results, seconds, failure = future.result()
             self._learn_task_size(len(results), seconds)
             for number, result in zip(numbers, results):
                 self._mark_returned(number)
                 yield result
+            if failure is not None:
+                failure.reraise()
             self._forget_old_snapshots()
 
     def _learn_task_size(self, count: int, seconds: float) -> None:

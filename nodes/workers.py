@@ -7,7 +7,11 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+import torch
+
 from nodes.base import Node, NotReset, State
+from nodes.device import apply_to_tensors
 
 #: The main process snapshots the workers' states every ``SNAPSHOT_EVERY``
 #: items (torchdata's ``snapshot_every_n_steps``); workers send their states
@@ -17,6 +21,71 @@ from nodes.base import Node, NotReset, State
 #: costs the main process 0.5 ms per batch; at 32 the cost is within noise of a
 #: StatefulDataLoader over a dataset with no state at all.
 SNAPSHOT_EVERY = 32
+
+
+#: Tensors up to this size travel from a worker inside the pickled item. Larger ones
+#: go through shared memory, as torch sends every tensor: a file descriptor passed over
+#: a socket and a mapping on each side, which costs more than copying small data.
+#: Measured on 2 cores, per tensor: 16 KiB 0.74 ms shared vs 0.29 ms inline; 128 KiB
+#: 0.92 vs 0.43 ms; 1 MiB 3.1 vs 3.2 ms; 4 MiB 4.3 vs 8.4 ms.
+INLINE_TENSOR_BYTES = 512 * 1024
+
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+
+
+def _tensor_from_array(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array)
+
+
+class _InlineTensor:
+    """A small tensor that pickles as its bytes and unpickles as a tensor again."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.array = tensor.numpy()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _tensor_from_array, (self.array,)
+
+
+def _inline_if_small(tensor: torch.Tensor) -> Any:
+    if (
+        type(tensor) is torch.Tensor  # subclasses (Parameter, ...) keep torch's own path
+        and tensor.device.type == "cpu"
+        and tensor.layout == torch.strided
+        and tensor.dtype in _NUMPY_DTYPES
+        and tensor.nbytes <= INLINE_TENSOR_BYTES
+        and not tensor.requires_grad
+        and not tensor.is_conj()
+        and not tensor.is_neg()
+    ):
+        return _InlineTensor(tensor)
+    return tensor
+
+
+def inline_small_tensors(item: Any) -> Any:
+    """``item`` prepared to leave a worker: small CPU tensors travel inside its pickle.
+
+    The main process receives ordinary tensors with the same dtype, shape and
+    values (contiguous); tensors over ``INLINE_TENSOR_BYTES`` are left to
+    torch's shared-memory path.
+    """
+    return apply_to_tensors(item, _inline_if_small)
 
 
 def keep_as_is(item: Any) -> Any:
