@@ -11,7 +11,9 @@ spend their whole time waiting on that input.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import chain, count, islice
+from operator import itemgetter
 from time import perf_counter
 from typing import Any
 
@@ -22,6 +24,16 @@ from nodes.errors import ErrorPolicy
 ROW_FIELDS = ("key", "step", "items", "seconds", "self_seconds", "wait_seconds", "skipped")
 
 
+#: After the first ``TIME_ALL_FIRST`` items of a pass, one item in ``SAMPLE_EVERY``
+#: is timed and the others pass through C iterators (counted by ``itertools.count``):
+#: measured 0.10-0.13 us per item per step, against 0.4 us for timing every item.
+SAMPLE_EVERY = 16
+TIME_ALL_FIRST = 256
+
+_END = object()
+_first = itemgetter(0)
+
+
 class StatsNode(Node):
     """Wraps a step's node, counting its items and the time spent in its ``next()``.
 
@@ -30,21 +42,55 @@ class StatsNode(Node):
     ``reset`` (each epoch, each resume). ``key`` identifies the step across
     processes (the same recipe gives the same key in every worker); ``step``
     is its label in the table.
+
+    ``items`` is exact. ``seconds`` times every one of the first
+    ``TIME_ALL_FIRST`` items of a pass and then one in ``sample_every``,
+    scaled to all items: an estimate that keeps the per-item cost low.
     """
 
-    def __init__(self, inner: Node, key: str, step: str) -> None:
+    def __init__(self, inner: Node, key: str, step: str, *, sample_every: int = SAMPLE_EVERY):
         super().__init__(inner)
         self.inner = inner
         self.key = key
         self.step = step
-        self.items = 0
-        self.seconds = 0.0
+        self._sample_every = sample_every
+        self._counter = count()
+        self._timed_items = 0
+        self._timed_seconds = 0.0
         self._it: Iterator[Any] = NotReset(inner)
 
     def reset(self, state: State | None = None) -> None:
         self.inner.reset(state)
-        self.items, self.seconds = 0, 0.0
-        self._it = _timed(iter(self.inner), self)
+        self._counter, self._timed_items, self._timed_seconds = count(), 0, 0.0
+        segments = chain.from_iterable(self._segments(iter(self.inner)))
+        # zip asks `segments` first, so the counter only advances for an item that came.
+        self._it = map(_first, zip(segments, self._counter))
+
+    def _segments(self, items: Iterator[Any]) -> Iterator[Iterable[Any]]:
+        """The items, as one-item tuples (timed) and runs of untimed ones (C ``islice``)."""
+        clock, untimed = perf_counter, self._sample_every - 1
+        timed = 0
+        while True:
+            if timed >= TIME_ALL_FIRST and untimed:
+                yield islice(items, untimed)
+            start = clock()
+            item = next(items, _END)
+            if item is _END:
+                return
+            self._timed_seconds += clock() - start
+            self._timed_items = timed = timed + 1
+            yield (item,)
+
+    @property
+    def items(self) -> int:
+        """Items this step yielded in the current pass (exact)."""
+        return int(repr(self._counter)[6:-1])  # "count(17)": the next number, read in O(1)
+
+    @property
+    def seconds(self) -> float:
+        """Time spent in this step's ``next()``, inputs included (estimated from samples)."""
+        timed = self._timed_items
+        return self._timed_seconds * self.items / timed if timed else 0.0
 
     def __next__(self) -> Any:
         return next(self._it)
@@ -54,20 +100,6 @@ class StatsNode(Node):
 
     def state_dict(self) -> State:
         return self.inner.state_dict()
-
-
-def _timed(items: Iterator[Any], counters: StatsNode) -> Iterator[Any]:
-    clock = perf_counter
-    while True:
-        start = clock()
-        try:
-            item = next(items)
-        except StopIteration:
-            counters.seconds += clock() - start
-            return
-        counters.seconds += clock() - start
-        counters.items += 1
-        yield item
 
 
 def _inside(node: StatsNode) -> Iterator[Node]:

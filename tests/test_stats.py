@@ -75,6 +75,14 @@ def assert_sane_times(stats: PipelineStats) -> None:
     assert 0 <= stats.loader_wait_seconds <= stats.elapsed_seconds
 
 
+def busy_20us(x: int) -> int:
+    """Real work per item, so that sampled times are well above the clock's own cost."""
+    end = time.perf_counter() + 20e-6
+    while time.perf_counter() < end:
+        pass
+    return x
+
+
 def counted_batches(n: int, size: int) -> int:
     return -(-n // size)
 
@@ -157,23 +165,25 @@ def test_a_slow_parallel_map_is_named():
 
 
 def test_counts_filter_batch_and_the_chain_of_times():
-    pipe = dp.range(1000).shuffle().map(cheap).filter(is_even).batch(16)
+    pipe = dp.range(1000).shuffle().map(busy_20us).filter(is_even).batch(16)
     loader = dp.Loader(pipe, stats=True)
     batches = list(loader)
     stats = loader.stats()
-    kept = sum(1 for x in range(1000) if is_even(cheap(x)))
+    kept = sum(1 for x in range(1000) if is_even(busy_20us(x)))
     assert [s.items for s in stats.steps] == [1000, 1000, kept, counted_batches(kept, 16)]
     assert stats.delivered == len(batches)
     assert all(s.skipped == 0 for s in stats.steps)
     assert_sane_times(stats)
-    # a serial chain: each step waits exactly on the total of the step before it, and every
-    # step's own time plus its wait stays within the epoch (what the loop waited for)
+    # a serial chain: each step waits on the total of the step before it (capped by its own
+    # total: after the first items, totals are estimated from one item in 16), and every
+    # step's own time plus its wait is its total, within what the loop waited for
     rows = [r for r in graph_stats(loader._root) if r["key"] != "loader"]
     for before, after in zip(rows, rows[1:]):
-        assert after["wait_seconds"] == before["seconds"]
+        assert after["wait_seconds"] == min(before["seconds"], after["seconds"])
     for r in rows:
         assert r["self_seconds"] + r["wait_seconds"] == pytest.approx(r["seconds"])
-        assert r["seconds"] <= stats.loader_wait_seconds <= stats.elapsed_seconds
+        assert r["seconds"] <= 1.5 * stats.loader_wait_seconds  # an estimate: some slack
+    assert stats.loader_wait_seconds <= stats.elapsed_seconds
 
 
 def test_skipped_samples_of_decode_are_in_its_row():
