@@ -21,7 +21,7 @@ from datapipes.workers import (
 )
 from nodes import Context, Node
 from nodes.even import EvenBatchesNode
-from nodes.stats import StatsNode, graph_stats
+from nodes.stats import StatsNode, clear_stats, graph_stats
 
 #: The statistics key of the Loader's own row: what the training loop waited for.
 LOADER_KEY = "loader"
@@ -190,6 +190,7 @@ class Loader:
             self._closed_stats = None
         epoch = self._next_epoch
         self._context.epoch = epoch
+        clear_stats(root)  # statistics are per epoch (and start again at a resume)
         root.reset(self._pending)
         self._pending = None
         self._running_epoch = epoch

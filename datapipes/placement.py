@@ -77,7 +77,13 @@ def rebuild_on(base: DataPipe[Any], steps: Sequence[DataPipe[Any]]) -> DataPipe[
     return base
 
 
-def check_replay_order(pipe: DataPipe[Any], num_workers: int) -> None:
+#: Why a recipe's output may be replayed from outside it.
+WORKERS_REPLAY = "the DataLoader workers re-read them when they resume from their last snapshot"
+
+
+def check_replay_order(
+    pipe: DataPipe[Any], num_workers: int, *, in_torch_dataset: bool = False
+) -> None:
     """Refuse an unordered parallel map whose output a later step resumes by replaying.
 
     ``map(..., ordered=False)`` yields results in the order they finish, so a
@@ -86,7 +92,9 @@ def check_replay_order(pipe: DataPipe[Any], num_workers: int) -> None:
     ``unbatch``, ``shard``, a parallel map) and the DataLoader workers (which
     replay the items since their last snapshot) would then skip the wrong
     items: some would be lost and others repeated. Also refuses
-    ``method="process"`` where DataLoader workers would run it.
+    ``method="process"`` where a Loader's workers would run it.
+    ``in_torch_dataset``: the whole recipe is a ``TorchDataset``, which a
+    ``StatefulDataLoader``'s workers may replay.
     """
 
     def walk(step: DataPipe[Any], replayed_by: str | None, in_workers: bool) -> None:
@@ -108,8 +116,10 @@ def check_replay_order(pipe: DataPipe[Any], num_workers: int) -> None:
         for upstream in step.inputs:
             walk(upstream, replayed_by, in_workers)
 
+    if in_torch_dataset:
+        walk(pipe, WORKERS_REPLAY, in_workers=False)
+        return
     worker_part, _ = split_main_steps(pipe)
     walk(pipe, None, in_workers=False)
     if num_workers:
-        replay = "the DataLoader workers re-read them when they resume from their last snapshot"
-        walk(worker_part, replay, True)
+        walk(worker_part, WORKERS_REPLAY, in_workers=True)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from datapipes.placement import check_no_main_steps
+from datapipes.placement import check_no_main_steps, check_replay_order
 from datapipes.topology import Topology
 from nodes import Context, Node
 from nodes.errors import skip_counts
@@ -52,6 +52,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
         inline_tensors: bool = False,
     ) -> None:
         check_no_main_steps(pipe)
+        check_replay_order(pipe, 0, in_torch_dataset=True)
         self.pipe = pipe
         self.topology = topology
         self.seed = int(seed)

@@ -13,33 +13,48 @@ from nodes.base import Node, State
 from nodes.transforms import MapNode
 
 
-def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """``item`` with ``fn`` applied to every tensor in it (dicts, lists, tuples, dataclasses).
 
-    Named tuples and dataclasses keep their type; anything else is returned as is.
+    Containers keep their type (dict and list subclasses are copied, named
+    tuples and dataclasses rebuilt); a container in which nothing changed is
+    returned as it is, and anything else is returned as is.
 
     >>> apply_to_tensors({"x": torch.zeros(2), "id": 3}, lambda t: t + 1)
     {'x': tensor([1., 1.]), 'id': 3}
     """
     if isinstance(item, torch.Tensor):
         return fn(item)
-    if type(item) is dict:
-        return {k: apply_to_tensors(v, fn) for k, v in item.items()}
-    if isinstance(item, dict):  # OrderedDict, defaultdict, ...: a copy keeps type and extras
-        out = copy.copy(item)
-        for k, v in item.items():
-            out[k] = apply_to_tensors(v, fn)
+    if isinstance(item, dict):
+        values = {k: apply_to_tensors(v, fn) for k, v in item.items()}
+        if all(values[k] is v for k, v in item.items()):
+            return item
+        if type(item) is dict:
+            return values
+        out = copy.copy(item)  # OrderedDict, defaultdict, ...: a copy keeps type and extras
+        out.update(values)
         return out
-    if isinstance(item, list):
-        return [apply_to_tensors(v, fn) for v in item]
-    if isinstance(item, tuple):
-        values = [apply_to_tensors(v, fn) for v in item]
-        return type(item)(*values) if hasattr(item, "_fields") else type(item)(values)
+    if isinstance(item, list | tuple):
+        new = [apply_to_tensors(v, fn) for v in item]
+        if all(a is b for a, b in zip(new, item)):
+            return item
+        if type(item) is list:
+            return new
+        if isinstance(item, list):
+            out = copy.copy(item)
+            out[:] = new
+            return out
+        return type(item)(*new) if hasattr(item, "_fields") else type(item)(new)
     if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        changed = {
+            f.name: apply_to_tensors(getattr(item, f.name), fn) for f in dataclasses.fields(item)
+        }
+        if all(value is getattr(item, name) for name, value in changed.items()):
+            return item
         # A copy with its fields set directly: works for frozen and init=False fields too.
         out = copy.copy(item)
-        for f in dataclasses.fields(item):
-            object.__setattr__(out, f.name, apply_to_tensors(getattr(item, f.name), fn))
+        for name, value in changed.items():
+            object.__setattr__(out, name, value)
         return out
     return item
 

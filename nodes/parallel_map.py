@@ -42,11 +42,30 @@ class TaskFailure:
         self.error = error
         self.traceback = "".join(traceback.format_exception(error))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Sent from a process pool: an exception that cannot make the round trip (a custom
+        # __init__, a lock inside) would break the pool; its type, text and traceback can.
+        error = self.error
+        try:
+            pickle.loads(pickle.dumps(error))
+        except Exception:
+            error = RuntimeError(
+                f"{type(error).__module__}.{type(error).__qualname__}: {error} (raised in a "
+                "map(..., method='process') worker; the exception itself could not be pickled)"
+            )
+        return _rebuild_failure, (error, self.traceback)
+
     def reraise(self) -> NoReturn:
         error = self.error
         if error.__traceback__ is None:  # it came from another process
             error.__cause__ = RemoteTraceback(self.traceback)
         raise error
+
+
+def _rebuild_failure(error: BaseException, text: str) -> TaskFailure:
+    failure = TaskFailure.__new__(TaskFailure)
+    failure.error, failure.traceback = error, text
+    return failure
 
 
 class RemoteTraceback(Exception):
@@ -114,7 +133,9 @@ class ParallelMapNode(Node):
     items and the ``done`` ones (returned out of order before the checkpoint)
     *without* calling ``fn`` on them: fewer than ``SNAPSHOT_EVERY`` plus the
     items in flight. Errors raised by ``fn`` surface here with their
-    traceback, at the item's place in the stream.
+    traceback, at the item's place in the stream (from a process, an
+    exception that cannot be pickled arrives as a ``RuntimeError`` naming its
+    type and text).
 
     ``busy_seconds`` is the time ``fn`` ran, summed over the pool.
     """

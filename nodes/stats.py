@@ -38,8 +38,9 @@ class StatsNode(Node):
     """Wraps a step's node, counting its items and the time spent in its ``next()``.
 
     Transparent otherwise: its state is the wrapped node's, so a checkpoint
-    is the same with statistics on or off. The counters start again at each
-    ``reset`` (each epoch, each resume). ``key`` identifies the step across
+    is the same with statistics on or off. The counters add up over resets
+    (the rounds of a ``repeat()``) until :meth:`clear` (a new epoch, a
+    resume: the Loader calls :func:`clear_stats`). ``key`` identifies the step across
     processes (the same recipe gives the same key in every worker); ``step``
     is its label in the table.
 
@@ -57,11 +58,25 @@ class StatsNode(Node):
         self._counter = count()
         self._timed_items = 0
         self._timed_seconds = 0.0
+        self._earlier = (0, 0, 0.0)  # (items, timed items, timed seconds) of earlier passes
         self._it: Iterator[Any] = NotReset(inner)
 
-    def reset(self, state: State | None = None) -> None:
-        self.inner.reset(state)
+    def clear(self) -> None:
+        """Start counting afresh (a new epoch or a resume; see :func:`clear_stats`)."""
         self._counter, self._timed_items, self._timed_seconds = count(), 0, 0.0
+        self._earlier = (0, 0, 0.0)
+
+    def reset(self, state: State | None = None) -> None:
+        # A reset may be one of several passes in an epoch (each round of a repeat()):
+        # the counts go on; the owner of the graph clears them per epoch.
+        items, timed, seconds = self._earlier
+        self._earlier = (
+            items + self._pass_items(),
+            timed + self._timed_items,
+            seconds + self._timed_seconds,
+        )
+        self._counter, self._timed_items, self._timed_seconds = count(), 0, 0.0
+        self.inner.reset(state)
         segments = chain.from_iterable(self._segments(iter(self.inner)))
         # zip asks `segments` first, so the counter only advances for an item that came.
         self._it = map(_first, zip(segments, self._counter))
@@ -81,16 +96,20 @@ class StatsNode(Node):
             self._timed_items = timed = timed + 1
             yield (item,)
 
+    def _pass_items(self) -> int:
+        return int(repr(self._counter)[6:-1])  # "count(17)": the next number, read in O(1)
+
     @property
     def items(self) -> int:
-        """Items this step yielded in the current pass (exact)."""
-        return int(repr(self._counter)[6:-1])  # "count(17)": the next number, read in O(1)
+        """Items this step yielded since the counters were cleared (exact)."""
+        return self._earlier[0] + self._pass_items()
 
     @property
     def seconds(self) -> float:
         """Time spent in this step's ``next()``, inputs included (estimated from samples)."""
-        timed = self._timed_items
-        return self._timed_seconds * self.items / timed if timed else 0.0
+        _, timed, seconds = self._earlier
+        timed += self._timed_items
+        return (seconds + self._timed_seconds) * self.items / timed if timed else 0.0
 
     def __next__(self) -> Any:
         return next(self._it)
@@ -146,3 +165,10 @@ def graph_stats(root: Node | None) -> list[dict[str, Any]]:
         )
     rows.reverse()
     return rows
+
+
+def clear_stats(root: Node | None) -> None:
+    """Clear the counters of every :class:`StatsNode` in a built graph (at an epoch's start)."""
+    for node in walk_graph(root):
+        if isinstance(node, StatsNode):
+            node.clear()

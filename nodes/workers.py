@@ -63,8 +63,9 @@ class _InlineTensor:
         return _tensor_from_array, (self.array,)
 
 
-def _inline_if_small(tensor: torch.Tensor) -> Any:
-    if (
+def _can_inline(tensor: torch.Tensor) -> bool:
+    """A plain, small, contiguous CPU tensor that is the whole of its storage."""
+    return (
         type(tensor) is torch.Tensor  # subclasses (Parameter, ...) keep torch's own path
         and tensor.device.type == "cpu"
         and tensor.layout == torch.strided
@@ -73,19 +74,40 @@ def _inline_if_small(tensor: torch.Tensor) -> Any:
         and not tensor.requires_grad
         and not tensor.is_conj()
         and not tensor.is_neg()
-    ):
-        return _InlineTensor(tensor)
-    return tensor
+        and tensor.is_contiguous()
+        and tensor.storage_offset() == 0
+        and tensor.nbytes == tensor.untyped_storage().nbytes()
+    )
 
 
 def inline_small_tensors(item: Any) -> Any:
     """``item`` prepared to leave a worker: small CPU tensors travel inside its pickle.
 
-    The main process receives ordinary tensors with the same dtype, shape and
-    values (contiguous); tensors over ``INLINE_TENSOR_BYTES`` are left to
-    torch's shared-memory path.
+    The main process receives ordinary tensors with the same dtype, shape,
+    strides and values. Only a contiguous tensor that is the whole of its
+    storage, and the only tensor of the item on that storage, is sent inline:
+    views, tensors sharing storage (which must still share it on arrival) and
+    tensors over ``INLINE_TENSOR_BYTES`` take torch's shared-memory path.
+    Containers keep their types (see :func:`nodes.apply_to_tensors`).
     """
-    return apply_to_tensors(item, _inline_if_small)
+    storages: dict[int, int] = {}
+
+    def count(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type == "cpu" and tensor.layout == torch.strided:
+            key = tensor.untyped_storage().data_ptr()
+            storages[key] = storages.get(key, 0) + 1
+        return tensor
+
+    def inline(tensor: torch.Tensor) -> Any:
+        if _can_inline(tensor) and storages.get(tensor.untyped_storage().data_ptr()) == 1:
+            return _InlineTensor(tensor)
+        return tensor
+
+    apply_to_tensors(item, count)
+    try:
+        return apply_to_tensors(item, inline)
+    except TypeError:  # a container type that cannot be rebuilt: torch's path for all of it
+        return item
 
 
 def keep_as_is(item: Any) -> Any:
@@ -107,6 +129,27 @@ def stateful_dataloader(dataset: Any, num_workers: int, **options: Any) -> Any:
             num_workers=num_workers,
             **{"snapshot_every_n_steps": SNAPSHOT_EVERY, **options},
         )
+
+
+def _without_stats(state: dict[str, Any]) -> dict[str, Any]:
+    """The DataLoader's state without the statistics the workers' states carry.
+
+    Statistics ride on the workers' states to reach this process (see
+    ``TorchDataset.state_dict``); a checkpoint stays the same with them on or
+    off. The layout is torchdata's (private), so anything unexpected is kept.
+    """
+    snapshot = state.get("_snapshot")
+    workers = snapshot.get("_worker_snapshots") if isinstance(snapshot, dict) else None
+    if not isinstance(workers, dict):
+        return state
+    cleaned = {}
+    for key, worker in workers.items():
+        dataset = worker.get("dataset_state") if isinstance(worker, dict) else None
+        if isinstance(dataset, dict) and "stats" in dataset:
+            dataset = {k: v for k, v in dataset.items() if k != "stats"}
+            worker = {**worker, "dataset_state": dataset}
+        cleaned[key] = worker
+    return {**state, "_snapshot": {**snapshot, "_worker_snapshots": cleaned}}
 
 
 class WorkerDiedError(RuntimeError):
@@ -229,7 +272,7 @@ class WorkerStreamNode(Node):
             return dict(self._closed_state)
         if self._ended or self._loader is None:
             return {"ended": self._ended}
-        return {"ended": False, "dataloader": self._loader.state_dict()}
+        return {"ended": False, "dataloader": _without_stats(self._loader.state_dict())}
 
     def worker_states(self) -> list[Any]:
         """The latest dataset state each worker sent (``None`` for a worker that sent none).
