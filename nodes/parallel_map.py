@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from nodes.base import Node, NotReset, State
 
 METHODS = ("thread", "process")
+_END = object()
 
 
 #: Upstream's state is snapshotted once per this many reads; a resume re-reads
@@ -190,15 +191,17 @@ class ParallelMapNode(Node):
                 self._exhausted = True
                 break
             self._read += 1
-        if skip:
-            self._prefix = skip - 1
-            self._mark_returned(skip - 1)
+        self._prefix = skip
+        self._advance_prefix()
         self._it = self._results()
 
     def _mark_returned(self, number: int) -> None:
-        returned = self._returned
-        returned.add(number)
-        prefix = self._prefix
+        self._returned.add(number)
+        self._advance_prefix()
+
+    def _advance_prefix(self) -> None:
+        """Move the prefix past the numbers returned right after it."""
+        returned, prefix = self._returned, self._prefix
         while prefix in returned:
             returned.discard(prefix)
             prefix += 1
@@ -304,6 +307,3 @@ class ParallelMapNode(Node):
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         super().close()
-
-
-_END = object()
