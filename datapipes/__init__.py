@@ -11,6 +11,7 @@ from datapipes.files import FileList, files
 from datapipes.loader import Loader, StateMismatchError
 from datapipes.pipe import DataPipe
 from datapipes.sources import from_iterable, from_sequence, range
+from datapipes.stats import PipelineStats, StepStats
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from nodes.collate import default_collate, no_collate
@@ -24,7 +25,9 @@ __all__ = [
     "DataPipe",
     "FileList",
     "Loader",
+    "PipelineStats",
     "StateMismatchError",
+    "StepStats",
     "Topology",
     "TorchDataset",
     "UnevenDataWarning",

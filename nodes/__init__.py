@@ -20,6 +20,7 @@ from nodes.rng import IndexPermutation, UniformStream, stable_hash
 from nodes.shard import ShardNode, WholeDataContext
 from nodes.shuffle import BufferShuffleNode
 from nodes.sources import IterableNode, SequenceNode
+from nodes.stats import StatsNode
 from nodes.transforms import FilterNode, FlatMapNode, MapNode, RepeatNode, TakeNode
 from nodes.workers import WorkerStreamNode
 
@@ -52,6 +53,7 @@ __all__ = [
     "SequenceNode",
     "ShardNode",
     "State",
+    "StatsNode",
     "TakeNode",
     "ToDeviceNode",
     "UniformStream",
