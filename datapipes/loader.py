@@ -248,7 +248,7 @@ class Loader:
         full after the epoch. The table names the slowest step and how long
         the training loop waited for data. Counts are exact; times are exact
         for the first 256 items of an epoch and then estimated from one item
-        in 16, which keeps the cost at about 0.1-0.15 us per item per step
+        in 16, which keeps the cost at about 0.06-0.1 us per item per step
         (``benchmarks/compare.py`` has a row with statistics on).
         """
         if not self.collects_stats:

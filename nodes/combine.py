@@ -78,7 +78,9 @@ class ZipNode(Node):
         states = [None] * len(self.inputs) if state is None else state["inputs"]
         for node, node_state in zip(self.inputs, states):
             node.reset(node_state)
-        self._it = zip(*(iter(node) for node in self.inputs))
+        # chain() lets go of the zip once it has ended: a zip asked again would read its
+        # first inputs once more before finding the shortest empty, moving their positions.
+        self._it = chain(zip(*(iter(node) for node in self.inputs)))
 
     def __next__(self) -> Any:
         return next(self._it)

@@ -13,6 +13,17 @@ from nodes.base import Node, State
 from nodes.transforms import MapNode
 
 
+def _tuple_like(item: tuple[Any, ...], values: list[Any]) -> tuple[Any, ...]:
+    """A tuple subclass instance holding ``values``, whatever its constructor takes."""
+    try:
+        out = tuple.__new__(type(item), values)
+    except TypeError:  # a struct sequence (torch.return_types.max, os.stat_result, ...)
+        return type(item)(values)
+    if getattr(item, "__dict__", None):
+        out.__dict__.update(item.__dict__)
+    return out
+
+
 def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """``item`` with ``fn`` applied to every tensor in it (dicts, lists, tuples, dataclasses).
 
@@ -44,7 +55,11 @@ def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
             out = copy.copy(item)
             out[:] = new
             return out
-        return type(item)(*new) if hasattr(item, "_fields") else type(item)(new)
+        if type(item) is tuple:
+            return tuple(new)
+        if hasattr(item, "_fields"):  # a named tuple
+            return type(item)(*new)
+        return _tuple_like(item, new)
     if dataclasses.is_dataclass(item) and not isinstance(item, type):
         changed = {
             f.name: apply_to_tensors(getattr(item, f.name), fn) for f in dataclasses.fields(item)

@@ -51,8 +51,8 @@ class TaskFailure:
             pickle.loads(pickle.dumps(error))
         except Exception:
             error = RuntimeError(
-                f"{type(error).__module__}.{type(error).__qualname__}: {error} (raised in a "
-                "map(..., method='process') worker; the exception itself could not be pickled)"
+                f"{type(error).__module__}.{type(error).__qualname__}: {_text(error)} (raised "
+                "in a map(..., method='process') worker; the exception could not be pickled)"
             )
         return _rebuild_failure, (error, self.traceback)
 
@@ -61,6 +61,13 @@ class TaskFailure:
         if error.__traceback__ is None:  # it came from another process
             error.__cause__ = RemoteTraceback(self.traceback)
         raise error
+
+
+def _text(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:
+        return "<its message could not be formatted>"
 
 
 def _rebuild_failure(error: BaseException, text: str) -> TaskFailure:
@@ -88,7 +95,7 @@ def run_task(
     results: list[Any] = []
     try:
         results.extend(map(fn, items))
-    except Exception as error:
+    except BaseException as error:  # KeyboardInterrupt in fn too: re-raised in the consumer
         return results, perf_counter() - start, TaskFailure(error)
     return results, perf_counter() - start, None
 

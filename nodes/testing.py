@@ -13,7 +13,7 @@ It checks exact resume at every position (or a spread of positions for long
 outputs) in two epochs, including a resume that then runs into the next
 epoch; that states are plain (``json`` and ``torch.load(weights_only=True)``
 round trips); that ``reset(None)`` restarts the epoch; that an exhausted node
-keeps raising ``StopIteration``; that ``close()`` leaves no thread behind,
+keeps raising ``StopIteration`` without moving its state; that ``close()`` leaves no thread behind,
 keeps the position readable and allows a later ``reset``.
 """
 
@@ -197,8 +197,15 @@ def check_node(
         set_epoch(node, epoch)
         node.reset(None)
         references.append(run(node))
-        if len(references[-1]) < max_items and next(node, _MISSING) is not _MISSING:
-            raise AssertionError(f"epoch {epoch}: the node yielded again after StopIteration")
+        if len(references[-1]) < max_items:
+            ended = node.state_dict()
+            if next(node, _MISSING) is not _MISSING:
+                raise AssertionError(f"epoch {epoch}: the node yielded again after StopIteration")
+            if node.state_dict() != ended:
+                raise AssertionError(
+                    f"epoch {epoch}: asking an exhausted node again changed its state (it "
+                    "read its input again); an ended epoch must stay where it ended"
+                )
     node.close()
     report.items_per_epoch = [len(r) for r in references]
 

@@ -63,6 +63,14 @@ class _InlineTensor:
         return _tensor_from_array, (self.array,)
 
 
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
 def _can_inline(tensor: torch.Tensor) -> bool:
     """A plain, small, contiguous CPU tensor that is the whole of its storage."""
     return (
@@ -74,7 +82,7 @@ def _can_inline(tensor: torch.Tensor) -> bool:
         and not tensor.requires_grad
         and not tensor.is_conj()
         and not tensor.is_neg()
-        and tensor.is_contiguous()
+        and tensor.stride() == _contiguous_strides(tensor.shape)  # size-1 dims too
         and tensor.storage_offset() == 0
         and tensor.nbytes == tensor.untyped_storage().nbytes()
     )
