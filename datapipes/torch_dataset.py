@@ -11,8 +11,8 @@ from datapipes.placement import check_no_main_steps, check_replay_order
 from datapipes.topology import Topology
 from nodes import Context, Node
 from nodes.errors import skip_counts
+from nodes.handover import inline_small_tensors
 from nodes.stats import graph_stats
-from nodes.workers import inline_small_tensors
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe

@@ -17,8 +17,8 @@ import torch
 import datapipes as dp
 import nodes.stats
 from nodes import Context
+from nodes.handover import inline_small_tensors
 from nodes.stats import StatsNode
-from nodes.workers import inline_small_tensors
 
 # ----- module-level helpers (DataLoader workers pickle them) ---------------------------------
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import datapipes as dp
+from nodes.handover import INLINE_TENSOR_BYTES, inline_small_tensors
 from nodes.testing import same
-from nodes.workers import INLINE_TENSOR_BYTES, inline_small_tensors
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
