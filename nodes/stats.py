@@ -21,10 +21,6 @@ from typing import Any
 from nodes.base import Node, NotReset, State, walk_graph
 from nodes.errors import ErrorPolicy
 
-#: The keys of one row of statistics (:func:`graph_stats`), all plain data.
-ROW_FIELDS = ("key", "step", "items", "seconds", "self_seconds", "wait_seconds", "skipped")
-
-
 #: After the first ``TIME_ALL_FIRST`` items of a pass, one item in ``SAMPLE_EVERY``
 #: (on average) is timed and the others pass through C iterators (counted by
 #: ``itertools.count``): measured 0.06 us per item per step, against 0.4 us for
@@ -47,9 +43,9 @@ class StatsNode(Node):
     Transparent otherwise: its state is the wrapped node's, so a checkpoint
     is the same with statistics on or off. The counters add up over resets
     (the rounds of a ``repeat()``) until :meth:`clear` (a new epoch, a
-    resume: the Loader calls :func:`clear_stats`). ``key`` identifies the step across
-    processes (the same recipe gives the same key in every worker); ``step``
-    is its label in the table.
+    resume: the Loader calls :func:`clear_stats`). ``key`` identifies the
+    step across processes (the same recipe gives the same key in every
+    worker); ``step`` is its label in the table.
 
     ``items`` is exact. ``seconds`` times every one of the first
     ``TIME_ALL_FIRST`` items of a pass and then one in ``sample_every``,
@@ -97,7 +93,7 @@ class StatsNode(Node):
         fairly rather than always or never.
         """
         clock, every = perf_counter, self._sample_every
-        rng = random.Random(len(self.key))  # not the global RNG
+        rng = random.Random(every)  # its own RNG: the global ones stay untouched
         # 61 run lengths averaging every - 1, cycled: a prime period lines up with no cost
         gaps = [rng.randint(0, 2 * (every - 1)) for _ in range(61)]
         timed = 0
