@@ -145,7 +145,7 @@ def is_transient(error: BaseException) -> bool:
     """
     if isinstance(error, FileNotFoundError) and error.__cause__ is not None:
         return is_transient(error.__cause__)
-    if isinstance(error, _PERMANENT):
+    if isinstance(error, (*_PERMANENT, io.UnsupportedOperation)):
         return False
     status = getattr(error, "status", None)
     if isinstance(status, int):
@@ -220,7 +220,13 @@ class RetryingFile(_ReadOnlyStream):
     """
 
     def __init__(
-        self, url: str, opener: Callable[[], Any], retries: int, backoff: float = 0.05
+        self,
+        url: str,
+        opener: Callable[[], Any],
+        retries: int,
+        backoff: float = 0.05,
+        *,
+        stream_instead: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.url = url
@@ -229,7 +235,11 @@ class RetryingFile(_ReadOnlyStream):
         self._backoff = backoff
         self._pos = 0
         self.retried = 0
+        # Called once if the server turns out to ignore Range requests; the opener then
+        # returns a stream (see ForwardOnlyFile).
+        self._stream_instead = stream_instead
         self._file: Any = self._attempt(self._opener)
+        self._positioned = True  # whether self._file sits at self._pos
 
     def _attempt(self, action: Callable[[], Any]) -> Any:
         return with_retries(
@@ -250,11 +260,19 @@ class RetryingFile(_ReadOnlyStream):
             self._file.close()
         except Exception:  # noqa: BLE001 - the old handle is broken anyway
             pass
+        self._positioned = False
         try:
             self._file = self._opener()
             self._file.seek(self._pos)
-        except Exception:  # noqa: BLE001 - the next attempt reports it
+            self._positioned = True
+        except Exception:  # noqa: BLE001 - the next attempt seeks again and reports it
             pass
+
+    def _read_here(self, size: int) -> bytes:
+        if not self._positioned:  # a reopen could not seek: reading now would be misplaced
+            self._file.seek(self._pos)
+            self._positioned = True
+        return self._file.read(size)
 
     def seekable(self) -> bool:
         return True
@@ -273,9 +291,80 @@ class RetryingFile(_ReadOnlyStream):
         return self._pos
 
     def read(self, size: int = -1) -> bytes:
-        data = self._attempt(lambda: self._file.read(size))
+        try:
+            data = self._attempt(lambda: self._read_here(size))
+        except ReadFailedError as error:
+            if self._stream_instead is None or not ignores_range_requests(error.__cause__):
+                raise
+            self._stream_instead()
+            self._stream_instead = None
+            self._reopen()
+            data = self._attempt(lambda: self._read_here(size))
         self._pos += len(data)
         return data
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._file.close()
+            finally:
+                super().close()
+
+
+def ignores_range_requests(error: BaseException | None) -> bool:
+    """Whether fsspec's HTTP file failed because the server answers Range requests in full.
+
+    fsspec raises a plain ``ValueError`` for it (``python -m http.server`` is such a
+    server), so its message is what tells it apart.
+    """
+    return isinstance(error, ValueError) and "support range requests" in str(error)
+
+
+def is_stream(file: Any) -> bool:
+    """Whether an fsspec file reads only forward (an HTTP server without ranges or size)."""
+    return type(file).__name__ == "HTTPStreamFile"
+
+
+class ForwardOnlyFile(_ReadOnlyStream):
+    """A file served only from its start, made seekable by reading.
+
+    A seek forward reads and drops the bytes in between; a seek backward opens
+    the file again from its start; a seek from the end asks for the size. So a
+    resume at byte offset ``n`` of a file on such a server downloads its first
+    ``n`` bytes again, and a zip (``.npz``), read from its end, is downloaded
+    about once per member.
+    """
+
+    def __init__(
+        self, opener: Callable[[], Any], size: Callable[[], int], file: Any = None
+    ) -> None:
+        super().__init__()
+        self._opener = opener
+        self._size = size
+        self._file: Any = opener() if file is None else file
+        self._pos = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._file.read() if size is None or size < 0 else self._file.read(size)
+        self._pos += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence == io.SEEK_END:
+            offset += self._size()
+        if offset < self._pos:
+            self._file.close()
+            self._file, self._pos = self._opener(), 0
+        skip_forward(self, offset)
+        return self._pos
 
     def close(self) -> None:
         if not self.closed:
@@ -304,6 +393,7 @@ class SourceFile:
         self._block_size = block_size
         self._fs: Any = None
         self._path = ""
+        self._stream_only = False  # the server ignores Range requests: read from the start
 
     @property
     def name(self) -> str:
@@ -323,11 +413,30 @@ class SourceFile:
 
     def _open_raw(self) -> Any:
         fs, path = self._filesystem()
-        return fs.open(path, "rb", block_size=self._block_size)
+        if self._stream_only:
+            return ForwardOnlyFile(self._open_stream, self.size)
+        file = fs.open(path, "rb", block_size=self._block_size)
+        if is_stream(file):  # the server gave no size, or said Accept-Ranges: none
+            self._stream_only = True
+            return ForwardOnlyFile(self._open_stream, self.size, file)
+        return file
+
+    def _open_stream(self) -> Any:
+        fs, path = self._filesystem()
+        return fs.open(path, "rb", block_size=0)
+
+    def _stream_instead(self) -> None:
+        self._stream_only = True
 
     def open(self, offset: int = 0) -> Any:
-        """A binary file over the decompressed content, positioned at ``offset``."""
-        raw = RetryingFile(self.url, self._open_raw, self._retries)
+        """A binary file over the decompressed content, positioned at ``offset``.
+
+        A file on an HTTP server that ignores Range requests is read as a
+        stream: reaching ``offset`` then downloads the bytes before it.
+        """
+        raw = RetryingFile(
+            self.url, self._open_raw, self._retries, stream_instead=self._stream_instead
+        )
         if self.compression is None:
             raw.seek(offset)
             return raw

@@ -1,9 +1,14 @@
-"""A real HTTP file server on 127.0.0.1 for tests: directory listings, Range requests, faults."""
+"""A real HTTP file server on 127.0.0.1 for tests: directory listings, Range requests, faults.
+
+``serve(root, ranges=False)`` answers every GET with the whole file, as
+``python -m http.server`` does, for the readers' fallback to streaming.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,11 +20,24 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
 
 class FileServer:
-    """Serves ``root`` over HTTP. ``fail_next(n)`` makes the next ``n`` GETs answer 503."""
+    """Serves ``root`` over HTTP. ``fail_next(n)`` makes the next ``n`` GETs answer 503.
 
-    def __init__(self, root: Path) -> None:
+    With ``ranges=False`` the ``Range`` header is ignored (the whole file, status 200);
+    ``announce_no_ranges=True`` also says ``Accept-Ranges: none``. ``range_requests``
+    counts the GETs that asked for a range. ``cut_next(n, after)`` makes the next ``n``
+    whole-file answers hang up after ``after`` bytes of the body.
+    """
+
+    def __init__(
+        self, root: Path, *, ranges: bool = True, announce_no_ranges: bool = False
+    ) -> None:
         self.root = root
+        self.ranges = ranges and not announce_no_ranges
+        self.announce_no_ranges = announce_no_ranges
         self.requests = 0
+        self.range_requests = 0
+        self.cuts_left = 0
+        self.cut_after = 0
         self.failures_left = 0
         self.fail_status = 503
         self._lock = threading.Lock()
@@ -33,9 +51,22 @@ class FileServer:
         with self._lock:
             self.failures_left, self.fail_status = count, status
 
-    def take_failure(self) -> int | None:
+    def cut_next(self, count: int, after: int) -> None:
+        with self._lock:
+            self.cuts_left, self.cut_after = count, after
+
+    def take_cut(self) -> int | None:
+        """How many body bytes to send before hanging up, or None to send them all."""
+        with self._lock:
+            if self.cuts_left > 0:
+                self.cuts_left -= 1
+                return self.cut_after
+            return None
+
+    def take_failure(self, *, asks_range: bool = False) -> int | None:
         with self._lock:
             self.requests += 1
+            self.range_requests += asks_range
             if self.failures_left > 0:
                 self.failures_left -= 1
                 return self.fail_status
@@ -61,13 +92,13 @@ class _Handler(SimpleHTTPRequestHandler):
         """Keep test output quiet: no line per request."""
 
     def do_GET(self) -> None:  # noqa: N802
-        status = self.server_state.take_failure()
+        status = self.server_state.take_failure(asks_range="Range" in self.headers)
         if status is not None:
             self.send_error(status, "injected failure")
             return
         path = self.translate_path(self.path)
         match = _RANGE.fullmatch(self.headers.get("Range", ""))
-        if match is None or not os.path.isfile(path):
+        if match is None or not os.path.isfile(path) or not self.server_state.ranges:
             super().do_GET()
             return
         size = os.path.getsize(path)
@@ -89,6 +120,25 @@ class _Handler(SimpleHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def end_headers(self) -> None:
+        if self.server_state.announce_no_ranges:
+            self.send_header("Accept-Ranges", "none")
+        super().end_headers()
+
+    def copyfile(self, source, outputfile) -> None:  # noqa: ANN001
+        """A client that read what it needed and hung up is not an error (no traceback)."""
+        cut = self.server_state.take_cut()
+        try:
+            if cut is None:
+                super().copyfile(source, outputfile)
+                return
+            outputfile.write(source.read(cut))
+            outputfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)  # mid-body: the client sees a reset
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
     def do_HEAD(self) -> None:  # noqa: N802
         status = self.server_state.take_failure()
         if status is not None:
@@ -98,9 +148,11 @@ class _Handler(SimpleHTTPRequestHandler):
 
 
 @contextmanager
-def serve(root: Path) -> Iterator[FileServer]:
-    """Serve ``root`` for the duration of the block."""
-    server = FileServer(root).start()
+def serve(
+    root: Path, *, ranges: bool = True, announce_no_ranges: bool = False
+) -> Iterator[FileServer]:
+    """Serve ``root`` for the duration of the block (``ranges=False``: no Range support)."""
+    server = FileServer(root, ranges=ranges, announce_no_ranges=announce_no_ranges).start()
     try:
         yield server
     finally:

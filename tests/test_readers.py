@@ -51,7 +51,9 @@ from nodes.readers import FileReaderNode, NpyFormat, TarFormat
 from nodes.testing import check_node, same
 
 ROOT = Path(__file__).resolve().parents[1]
-FILESYSTEMS = ["local", "memory", "http"]
+# "http-no-ranges": a server that answers Range requests with the whole file, as
+# `python -m http.server` does; readers fall back to streaming from the start.
+FILESYSTEMS = ["local", "memory", "http", "http-no-ranges"]
 
 
 # ----- where the files live -----------------------------------------------------------------
@@ -81,6 +83,13 @@ def http_server(tmp_path_factory):
         yield server
 
 
+@pytest.fixture(scope="module")
+def http_server_without_ranges(tmp_path_factory):
+    fsspec.asyn.get_loop()
+    with serve(tmp_path_factory.mktemp("served-whole"), ranges=False) as server:
+        yield server
+
+
 def _local(tmp_path: Path) -> Where:
     return Where("local", str(tmp_path), str(tmp_path))
 
@@ -107,10 +116,12 @@ def _remote(request, kind: str) -> Where:
 
         request.addfinalizer(remove)
         return Where("memory", f"memory://{folder}", f"memory://{folder}")
-    server = request.getfixturevalue("http_server")
+    server = request.getfixturevalue(
+        "http_server" if kind == "http" else "http_server_without_ranges"
+    )
     folder = uuid.uuid4().hex
     (server.root / folder).mkdir()
-    return Where("http", str(server.root / folder), f"{server.url}/{folder}")
+    return Where(kind, str(server.root / folder), f"{server.url}/{folder}")
 
 
 def run(pipe: dp.DataPipe, **loader_args: Any) -> list[Any]:
@@ -592,13 +603,41 @@ def test_check_node_resume_local(local, name):
     assert report.items_per_epoch == [n, n]
 
 
-@pytest.mark.parametrize("kind", ["memory", "http"])
+@pytest.mark.parametrize("kind", ["memory", "http", "http-no-ranges"])
 @pytest.mark.parametrize("name", ["jsonl", "tar", "jsonl-gz-zst"])
 def test_check_node_resume_remote(request, kind, name):
     where = _remote(request, kind)
     pipe, n = case_pipe(CASES[name], where)
     report = check_node(lambda ctx: pipe.build(ctx), max_positions=10)
     assert report.items_per_epoch == [n, n]
+
+
+# ----- HTTP servers without Range support --------------------------------------------------
+# (the "http-no-ranges" filesystem above runs every reader over one that ignores Range)
+
+
+def test_a_server_that_announces_no_ranges_is_streamed_and_resumes_exactly(tmp_path):
+    fsspec.asyn.get_loop()  # fsspec's shared event-loop thread is not a leak of the node
+    records = jsonl_records(600, seed=5)
+    write_jsonl(tmp_path, "a.jsonl", records[:400])
+    write_jsonl(tmp_path, "b.jsonl", records[400:])
+    with serve(tmp_path, announce_no_ranges=True) as server:
+        pipe = dp.files(f"{server.url}/*.jsonl", block_size=4096).read_jsonl()
+        assert run(pipe) == records
+        report = check_node(lambda ctx: pipe.build(ctx), max_positions=12)
+        assert report.items_per_epoch == [600, 600]
+        assert server.range_requests == 0  # streamed from the start, never asked for a range
+
+
+@pytest.mark.parametrize("cut_after", [100, 9000, 60_000])
+def test_a_stream_cut_mid_file_is_retried_at_the_same_offset(tmp_path, cut_after):
+    records = jsonl_records(500, seed=6)
+    write_jsonl(tmp_path, "a.jsonl", records)
+    with serve(tmp_path, ranges=False) as server:
+        pipe = dp.files(f"{server.url}/a.jsonl", block_size=4096).read_jsonl()
+        server.cut_next(2, after=cut_after)
+        assert run(pipe) == records
+        assert server.cuts_left == 0
 
 
 def _node_factory(where: Where, pattern: str, fmt_factory: Callable[[], Any]):
