@@ -327,6 +327,43 @@ class DataPipe(Generic[T]):
         topology = resolve_topology(rank, world_size, mesh=mesh, mesh_dims=mesh_dims)
         return TorchDataset(self, topology, seed)
 
+    def apply_node(
+        self, factory: Callable[..., Node[Any]], *args: Any, **kwargs: Any
+    ) -> DataPipe[Any]:
+        """Run a node of your own on the items: ``factory(upstream_node, *args, **kwargs)``.
+
+        ``factory`` is a :class:`nodes.Node` subclass (or a function returning
+        a node) whose ``__init__`` takes the upstream node first and passes it
+        to ``super().__init__(upstream)``. If it has a ``ctx`` parameter it also
+        gets the :class:`nodes.Context` of the consumer it runs for (rank,
+        worker, epoch; ``ctx.random_key(...)`` seeds an RNG, scoped to this
+        step). The node runs wherever the recipe runs (DataLoader workers
+        included), and its ``state_dict()`` becomes part of the Loader's
+        checkpoints, so it must keep the node contract: check it with
+        :func:`nodes.testing.check_node`. ``args`` and ``kwargs`` are part of
+        the recipe's fingerprint and must pickle for spawned workers.
+
+        >>> import datapipes as dp
+        >>> from nodes import Node
+        >>> class RunningSum(Node):
+        ...     def __init__(self, upstream):
+        ...         super().__init__(upstream)
+        ...         self.upstream = upstream
+        ...     def reset(self, state=None):
+        ...         self.upstream.reset(None if state is None else state["up"])
+        ...         self.total = 0 if state is None else state["total"]
+        ...     def __next__(self):
+        ...         self.total += next(self.upstream)
+        ...         return self.total
+        ...     def state_dict(self):
+        ...         return {"up": self.upstream.state_dict(), "total": self.total}
+        >>> list(dp.Loader(dp.range(1, 5).apply_node(RunningSum)))
+        [1, 3, 6, 10]
+        """
+        from datapipes.custom import ApplyNode
+
+        return ApplyNode(self, factory, *args, **kwargs)
+
     def prefetch(self, depth: int = 2) -> DataPipe[T]:
         """Compute up to ``depth`` items ahead on a background thread."""
         from datapipes.steps import Prefetch

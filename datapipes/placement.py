@@ -112,7 +112,8 @@ def check_replay_order(
                 "num_workers and raise the Loader's num_workers instead."
             )
         if getattr(step, "replays_input", False):
-            replayed_by = f".{step.describe_step()} re-reads them when it resumes"
+            note = getattr(step, "replay_note", "re-reads them when it resumes")
+            replayed_by = f".{step.describe_step()} {note}"
         for upstream in step.inputs:
             walk(upstream, replayed_by, in_workers)
 
