@@ -15,6 +15,7 @@ from datapipes.stats import PipelineStats, merge_rows
 from datapipes.topology import resolve_topology
 from datapipes.workers import (
     even_batches_agreement,
+    even_batches_on,
     runtime_recipe,
     worker_skip_counts,
     worker_states,
@@ -155,9 +156,8 @@ class Loader:
         self._runtime_pipe = runtime_recipe(
             pipe, self.topology, self.seed, num_workers, dataloader_options, stats=stats
         )
-        self._agreement = even_batches_agreement(
-            even_batches, pipe, self.topology, num_workers, self.seed
-        )
+        self._even_batches_arg = even_batches
+        self._even_batches: bool | None = None  # decided when first needed (even_batches_on)
         self._root: Node[Any] | None = None
         self._next_epoch = 0
         self._pending: dict[str, Any] | None = None
@@ -201,13 +201,21 @@ class Loader:
         self._live_run = weakref.ref(run)
         return run
 
+    @property
+    def even_batches(self) -> bool:
+        """Whether every rank yields the same number of items per epoch (see the class doc)."""
+        if self._even_batches is None:
+            self._even_batches = even_batches_on(self._even_batches_arg, self.topology)
+        return self._even_batches
+
     def _build(self) -> Node[Any]:
         root = self._runtime_pipe.build(self._context)
-        if self._agreement is not None:
+        if self.even_batches:
             context = self._context
-            root = EvenBatchesNode(
-                root, self._agreement, rank=self.rank, epoch=lambda: context.epoch
+            agreement = even_batches_agreement(
+                self.pipe, self.topology, self.num_workers, self.seed
             )
+            root = EvenBatchesNode(root, agreement, rank=self.rank, epoch=lambda: context.epoch)
         if self.collects_stats:  # what the training loop waits for: everything above
             root = StatsNode(root, LOADER_KEY, "Loader", sample_every=1)  # few outputs: all
         return root
@@ -356,7 +364,7 @@ class Loader:
         return {
             "world_size": self.world_size,
             "num_workers": self.num_workers,
-            "even_batches": self._agreement is not None,
+            "even_batches": self.even_batches,
         }
 
     def _check(self, state: dict[str, Any]) -> None:

@@ -149,22 +149,34 @@ def _count_by_running(pipe: DataPipe[Any], ctx: Context) -> int:
         root.close()
 
 
-def even_batches_agreement(
-    even_batches: bool | None,
-    pipe: DataPipe[Any],
-    topology: Topology,
-    num_workers: int,
-    seed: int,
-) -> RankAgreement | None:
-    """How ranks agree to stop together, or ``None`` when the epochs may be uneven."""
+def even_batches_on(even_batches: bool | None, topology: Topology) -> bool:
+    """Whether every rank must yield the same number of items (``None``: when DDP could hang).
+
+    The default is decided when a Loader first needs it (its first epoch or
+    checkpoint), not when it is made: a Loader made under ``torchrun`` before
+    ``init_process_group`` still gets even epochs once the process group is up.
+    """
     import torch.distributed as dist
 
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if topology.world_size == 1:
+        return False
     if even_batches is None:
-        even_batches = distributed and topology.world_size > 1
-    if not even_batches or topology.world_size == 1:
-        return None
-    if distributed:
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return bool(even_batches)
+
+
+def even_batches_agreement(
+    pipe: DataPipe[Any], topology: Topology, num_workers: int, seed: int
+) -> RankAgreement:
+    """How ranks agree to stop together: through torch.distributed, else by counting.
+
+    Under ``torch.distributed`` this makes a gloo group when the default
+    backend is another one, which is collective: every rank calls it at the
+    same point (its first epoch).
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         # A gloo group of its own, so the agreement never queues behind NCCL work on the GPU.
         group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         return CollectiveAgreement(group)

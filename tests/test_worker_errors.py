@@ -343,6 +343,46 @@ def test_a_pipeline_set_up_before_init_process_group_refuses_to_duplicate(tmp_pa
         assert "after init_process_group" in message
 
 
+def _made_under_torchrun_before_init(rank: int, store_file: str, answers) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")  # what torchrun sets
+    loader = dp.Loader(dp.range(13).batch(2))  # before init_process_group
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    try:
+        batches = [batch.tolist() for batch in loader]
+        answers.put((rank, loader.even_batches, batches, loader.state_dict()["topology"]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_loader_made_under_torchrun_before_init_process_group_still_evens_the_epoch(tmp_path):
+    """RANK/WORLD_SIZE give the ranks before the process group is up; the default
+    even_batches is decided at the first epoch, when it is, so no rank takes an extra step."""
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    ranks = [
+        context.Process(
+            target=_made_under_torchrun_before_init,
+            args=(rank, str(tmp_path / "store"), answers),
+        )
+        for rank in range(2)
+    ]
+    for process in ranks:
+        process.start()
+    results = sorted(answers.get(timeout=60) for _ in range(2))
+    for process in ranks:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    assert [even for _, even, _, _ in results] == [True, True]
+    assert [len(batches) for _, _, batches, _ in results] == [3, 3]  # rank 0 had 4 batches
+    assert all(topology["even_batches"] for _, _, _, topology in results)
+    seen = [x for _, _, batches, _ in results for batch in batches for x in batch]
+    assert len(seen) == len(set(seen))
+
+
 def test_spawned_workers_need_a_picklable_recipe_and_say_so():
     with pytest.raises(TypeError, match="module level"):
         dp.Loader(dp.range(4).map(lambda x: x), num_workers=1, multiprocessing_context="spawn")
