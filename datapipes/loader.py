@@ -27,7 +27,9 @@ from nodes.stats import StatsNode, clear_stats, graph_stats
 #: The statistics key of the Loader's own row: what the training loop waited for.
 LOADER_KEY = "loader"
 
-STATE_VERSION = 2
+#: 3: shuffles of up to 65,536 items draw uniform permutations, unlike version 2's
+#: (so a version-2 position would land in another order). The layout is version 2's.
+STATE_VERSION = 3
 
 _DATALOADER_OPTIONS = frozenset(
     {
@@ -323,7 +325,7 @@ class Loader:
 
         Layout::
 
-            {"version": 2, "fingerprint": "...", "steps": [...], "seed": 0,
+            {"version": 3, "fingerprint": "...", "steps": [...], "seed": 0,
              "topology": {"world_size": 2, "num_workers": 4},
              "ranks": {"1": {"epoch": 3, "node": "<this rank's node states, as JSON>"}}}
 
@@ -370,8 +372,15 @@ class Loader:
     def _check(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
+            hint = ""
+            if isinstance(found, int) and found < STATE_VERSION:
+                hint = (
+                    ": it was saved by an older datapipes, whose shuffles ordered items "
+                    "differently, so it cannot resume exactly; restart the epoch "
+                    "(set_epoch) or resume with the version that saved it"
+                )
             raise StateMismatchError(
-                f"not a datapipes Loader state of version {STATE_VERSION} (found {found!r})"
+                f"not a datapipes Loader state of version {STATE_VERSION} (found {found!r})" + hint
             )
         if state["fingerprint"] != self._fingerprint:
             raise StateMismatchError(

@@ -8,6 +8,7 @@ from datapipes.inspect.graph import RecipeGraph, recipe_graph
 from datapipes.inspect.recipe_check import check_recipe
 from datapipes.inspect.states import decode_state, find_loader_states, top_level
 from datapipes.inspect.tree import Writer, scalar
+from datapipes.loader import STATE_VERSION
 from datapipes.pipe import DataPipe
 
 
@@ -61,8 +62,10 @@ def _render_state(
     writer.line(0, f"Loader state at {path!r}" if path else "Loader state at the top level")
     version = state.get("version")
     writer.line(1, f"version      {version}")
-    if version != 2:
-        writer.line(2, "! this datapipes reads version 2; what follows may be incomplete")
+    if version not in (2, 3):
+        writer.line(2, "! this datapipes reads versions 2 and 3; what follows may be incomplete")
+    elif version != STATE_VERSION:
+        writer.line(2, f"! saved by an older datapipes; a version {STATE_VERSION} Loader refuses")
     writer.line(1, f"fingerprint  {state.get('fingerprint')}")
     writer.line(1, f"seed         {state.get('seed')}")
     writer.line(1, "steps")

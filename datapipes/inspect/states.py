@@ -1,6 +1,6 @@
 """Finding the Loader states in a checkpoint, and reading what each was saved with.
 
-A Loader state (``Loader.state_dict()``, layout version 2) may sit anywhere
+A Loader state (``Loader.state_dict()``, layout version 2 or 3) may sit anywhere
 in a checkpoint, e.g. under ``"data"`` next to the model; each rank's node
 state in it is a JSON string.
 """
@@ -18,8 +18,8 @@ def find_loader_states(obj: Any) -> list[tuple[str, dict[str, Any]]]:
     ``"ranks"``; the path reads like ``"data"`` or ``"extra.loaders[1]"``
     (``""`` when ``obj`` itself is one).
 
-    >>> find_loader_states({"model": {}, "data": {"version": 2, "fingerprint": "f", "ranks": {}}})
-    [('data', {'version': 2, 'fingerprint': 'f', 'ranks': {}})]
+    >>> find_loader_states({"model": {}, "data": {"version": 3, "fingerprint": "f", "ranks": {}}})
+    [('data', {'version': 3, 'fingerprint': 'f', 'ranks': {}})]
     """
     found: list[tuple[str, dict[str, Any]]] = []
 
