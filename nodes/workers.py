@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nodes.base import Node, NotReset, State
+from nodes.rng import stable_hash
 
 #: The main process snapshots the workers' states every ``SNAPSHOT_EVERY``
 #: items (torchdata's ``snapshot_every_n_steps``); workers send their states
@@ -24,10 +25,18 @@ def keep_as_is(item: Any) -> Any:
     return item
 
 
-def stateful_dataloader(dataset: Any, num_workers: int, **options: Any) -> Any:
-    """A torchdata ``StatefulDataLoader`` over ``dataset`` yielding its items as they are."""
+def stateful_dataloader(dataset: Any, num_workers: int, epoch: int, **options: Any) -> Any:
+    """A torchdata ``StatefulDataLoader`` over ``dataset`` yielding its items as they are.
+
+    The workers' base seed (from which torch seeds their ``random`` and
+    ``torch`` generators) comes from the dataset's ``seed`` and ``epoch``, not
+    from torch's global generator, which the DataLoader would otherwise draw
+    from, so iterating never moves the training process's RNG.
+    """
+    import torch
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    key = f"datapipes workers {getattr(dataset, 'seed', 0)} {epoch}"
     with warnings.catch_warnings():
         # torchdata calls a torch API deprecated in torch >= 2.6 on every construction.
         warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -36,6 +45,7 @@ def stateful_dataloader(dataset: Any, num_workers: int, **options: Any) -> Any:
             batch_size=None,
             collate_fn=keep_as_is,  # the default would turn tuples into lists, arrays to tensors
             num_workers=num_workers,
+            generator=torch.Generator().manual_seed(stable_hash(key)),
             **{"snapshot_every_n_steps": SNAPSHOT_EVERY, **options},
         )
 
@@ -124,7 +134,9 @@ class WorkerStreamNode(Node):
         if not reuse:
             self._stop_workers()
             self._dataset.set_epoch(epoch)
-            self._loader = stateful_dataloader(self._dataset, self._num_workers, **self._options)
+            self._loader = stateful_dataloader(
+                self._dataset, self._num_workers, epoch, **self._options
+            )
         self._finished_epoch = None
         self._closed_state = None
         self._final_states = []

@@ -655,3 +655,34 @@ def test_persistent_workers_carry_on_to_the_next_epoch():
     assert first + [b[0].tolist() for b in resumed] == expected[2]
     assert [b[0].tolist() for b in resumed] == expected[3]
     resumed.close()
+
+
+def item_and_worker_seed(x: int) -> tuple[int, int]:
+    return x, torch.initial_seed()  # torch seeds each worker with base seed + worker id
+
+
+def test_workers_leave_the_global_rng_alone_and_are_seeded_by_seed_and_epoch():
+    pipe = dp.range(8).map(item_and_worker_seed)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    loader = dp.Loader(pipe, seed=5, num_workers=2)
+    epochs = [{seed for _, seed in loader} for _ in range(2)]
+    assert torch.equal(torch.get_rng_state(), before)  # the DataLoader drew from its own
+    assert [len(seeds) for seeds in epochs] == [2, 2]  # one per worker
+    assert epochs[0] != epochs[1]  # augmentations in workers differ per epoch
+    again = dp.Loader(pipe, seed=5, num_workers=2)
+    assert [{seed for _, seed in again} for _ in range(2)] == epochs  # and repeat exactly
+    assert {seed for _, seed in dp.Loader(pipe, seed=6, num_workers=2)} != epochs[0]
+
+
+def test_checkpoints_with_workers_are_the_same_in_every_run():
+    def checkpoint() -> dict[str, Any]:
+        loader = dp.Loader(dp.range(100).shuffle().batch(4), seed=2, num_workers=2)
+        it = iter(loader)
+        for _ in range(7):
+            next(it)
+        state = loader.state_dict()
+        loader.close()
+        return state
+
+    assert checkpoint() == checkpoint()
