@@ -330,3 +330,16 @@ def test_recipe_changed_or_with_another_seed_exits_1(recipe, tmp_path, capsys):
 
     code, _, err = run_main(capsys, ckpt, "--recipe", f"{path}:DATA")
     assert code == 2 and "expected a DataPipe" in err
+
+
+def test_a_worker_that_has_not_read_yet_is_at_the_start_of_the_epoch():
+    from datapipes.inspect import describe_checkpoint
+
+    loader = dp.Loader(dp.range(100).shuffle().batch(8), num_workers=2)
+    it = iter(loader)
+    for _ in range(3):  # before the first snapshot: the workers' states are the epoch start
+        next(it)
+    text = describe_checkpoint({"data": loader.state_dict()})
+    loader.close()
+    assert text.count("at the start of the epoch") == 2, text
+    assert "None" not in text, text

@@ -46,6 +46,9 @@ class Writer:
 
     def position(self, depth: int, state: Any, graph: RecipeGraph) -> None:
         """One line per level of a node state, and a block per worker process."""
+        if state is None:  # nothing read yet
+            self.line(depth, "at the start of the epoch")
+            return
         if not isinstance(state, dict):
             self.line(depth, scalar(state))
             return
