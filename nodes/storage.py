@@ -199,15 +199,59 @@ def with_retries(
 
 
 class _ReadOnlyStream(io.RawIOBase):
-    """A readable raw stream whose subclasses define ``read``; ``readinto`` goes through it."""
+    """A readable raw stream whose subclasses define ``read``; ``readinto`` goes through it.
+
+    ``close()`` also closes the file a subclass wraps as ``_file``, if any.
+    """
 
     def readable(self) -> bool:
         return True
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                wrapped = getattr(self, "_file", None)
+                if wrapped is not None:
+                    wrapped.close()
+            finally:
+                super().close()
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
+
+
+class _ForwardStream(_ReadOnlyStream):
+    """A stream that counts the bytes it read and seeks by reading forward.
+
+    Subclasses define ``read`` (advancing ``_pos``), and ``_rewind`` and
+    ``_size`` where they can go back or seek from the end.
+    """
+
+    _pos = 0
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence == io.SEEK_END:
+            offset += self._size()
+        if offset < self._pos:
+            self._rewind()
+        skip_forward(self, offset)
+        return self._pos
+
+    def _rewind(self) -> None:
+        raise io.UnsupportedOperation(f"{type(self).__name__} only seeks forward")
+
+    def _size(self) -> int:
+        raise io.UnsupportedOperation(f"{type(self).__name__} cannot seek from its end")
 
 
 class RetryingFile(_ReadOnlyStream):
@@ -303,13 +347,6 @@ class RetryingFile(_ReadOnlyStream):
         self._pos += len(data)
         return data
 
-    def close(self) -> None:
-        if not self.closed:
-            try:
-                self._file.close()
-            finally:
-                super().close()
-
 
 def ignores_range_requests(error: BaseException | None) -> bool:
     """Whether fsspec's HTTP file failed because the server answers Range requests in full.
@@ -325,7 +362,7 @@ def is_stream(file: Any) -> bool:
     return type(file).__name__ == "HTTPStreamFile"
 
 
-class ForwardOnlyFile(_ReadOnlyStream):
+class ForwardOnlyFile(_ForwardStream):
     """A file served only from its start, made seekable by reading.
 
     A seek forward reads and drops the bytes in between; a seek backward opens
@@ -340,38 +377,17 @@ class ForwardOnlyFile(_ReadOnlyStream):
     ) -> None:
         super().__init__()
         self._opener = opener
-        self._size = size
+        self._size = size  # type: ignore[method-assign]
         self._file: Any = opener() if file is None else file
-        self._pos = 0
 
     def read(self, size: int = -1) -> bytes:
         data = self._file.read() if size is None or size < 0 else self._file.read(size)
         self._pos += len(data)
         return data
 
-    def tell(self) -> int:
-        return self._pos
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_CUR:
-            offset += self._pos
-        elif whence == io.SEEK_END:
-            offset += self._size()
-        if offset < self._pos:
-            self._file.close()
-            self._file, self._pos = self._opener(), 0
-        skip_forward(self, offset)
-        return self._pos
-
-    def close(self) -> None:
-        if not self.closed:
-            try:
-                self._file.close()
-            finally:
-                super().close()
+    def _rewind(self) -> None:
+        self._file.close()
+        self._file, self._pos = self._opener(), 0
 
 
 class SourceFile:
@@ -512,7 +528,7 @@ class Decompressed(_ReadOnlyStream):
                 super().close()
 
 
-class ZstdReader(_ReadOnlyStream):
+class ZstdReader(_ForwardStream):
     """zstd frames, decompressed in order; a file that ends inside a frame is an error.
 
     (zstandard's own ``stream_reader`` returns a truncated frame's bytes as if
@@ -559,20 +575,6 @@ class ZstdReader(_ReadOnlyStream):
             del self._buffer[:size]
         self._pos += len(out)
         return out
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_CUR:
-            offset += self._pos
-        if whence == io.SEEK_END or offset < self._pos:
-            raise io.UnsupportedOperation("a zstd stream only seeks forward")
-        skip_forward(self, offset)
-        return self._pos
 
 
 def read_full(f: Any, size: int) -> bytes:
