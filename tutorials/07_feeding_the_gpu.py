@@ -3,10 +3,13 @@
 #
 # A training step waits whenever the input pipeline is slower than the model.
 # This tutorial builds a small image pipeline, reads its per-step statistics
-# to find the bottleneck, runs that step on a thread pool, prefetches, and
-# moves batches to the device with `pin_memory()` / `to_device()`. It ends with
-# a checkpoint taken while the pool still has items in flight, which resumes
-# exactly. Run `python tutorials/feeding_the_gpu.py`; it asserts what it shows.
+# to find the bottleneck, runs that step on a thread pool, prefetches so that
+# the pipeline works while the model trains, and moves batches to the device
+# with `pin_memory()` / `to_device()`. It ends with a checkpoint taken while
+# the pool still has items in flight, which resumes exactly. (Timings are
+# printed, never asserted: they depend on the machine.)
+#
+# Run `python tutorials/07_feeding_the_gpu.py`; it asserts what it shows.
 
 # %%
 import io
@@ -37,15 +40,10 @@ def augment(image: np.ndarray) -> np.ndarray:
     return image[:, ::-1, :].copy()  # a horizontal flip: cheap
 
 
-def recipe(decode_workers: int | None = None) -> dp.DataPipe:
-    return (
-        dp.range(len(RAW))
-        .shuffle()
-        .map(decode, num_workers=decode_workers)
-        .map(augment)
-        .batch(32)
-        .prefetch(2)
-    )
+def recipe(decode_workers: int | None = None, prefetch: int | None = 2) -> dp.DataPipe:
+    pipe = dp.range(len(RAW)).shuffle().map(decode, num_workers=decode_workers).map(augment)
+    pipe = pipe.batch(32)
+    return pipe if prefetch is None else pipe.prefetch(prefetch)
 
 
 # %% [markdown]
@@ -77,6 +75,37 @@ print(f"4 decode threads: {time.perf_counter() - start:.2f} s for the epoch")
 print(loader.stats())
 assert len(parallel) == len(serial)
 assert all(torch.equal(a, b) for a, b in zip(serial, parallel))  # same batches, same order
+
+# %% [markdown]
+# ## Prefetch: work while the model trains
+#
+# Without `prefetch`, the pipeline runs only inside `next(loader)`: while the
+# model trains on a batch, nothing prepares the next one. `.prefetch(n)`
+# computes up to `n` items ahead on a background thread, so the two overlap
+# and the loop waits only for whatever the pipeline is slower than the
+# training step. The `waited` line of `loader.stats()` (`loader_wait_seconds`)
+# is the number to watch. (DataLoader worker processes, `Loader(num_workers=N)`,
+# overlap the same way, one process each; tutorial 4.)
+
+
+# %%
+def train_one_epoch(loader: dp.Loader) -> list[torch.Tensor]:
+    out = []
+    for batch in loader:
+        time.sleep(0.015)  # the training step on the GPU: the CPU is free meanwhile
+        out.append(batch)
+    return out
+
+
+for depth in (None, 2):
+    loader = dp.Loader(recipe(decode_workers=4, prefetch=depth), seed=0, stats=True)
+    batches = train_one_epoch(loader)
+    stats = loader.stats()
+    assert all(torch.equal(a, b) for a, b in zip(batches, serial)) and len(batches) == len(serial)
+    print(
+        f"prefetch={depth}: epoch {stats.elapsed_seconds:.2f} s, the loop waited "
+        f"{stats.loader_wait_seconds:.2f} s for data"
+    )
 
 # %% [markdown]
 # ## Onto the device
