@@ -8,6 +8,7 @@ import io
 import lzma
 import os
 import re
+import sys
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -222,12 +223,8 @@ class _ReadOnlyStream(io.RawIOBase):
         return len(data)
 
 
-class _ForwardStream(_ReadOnlyStream):
-    """A stream that counts the bytes it read and seeks by reading forward.
-
-    Subclasses define ``read`` (advancing ``_pos``), and ``_rewind`` and
-    ``_size`` where they can go back or seek from the end.
-    """
+class _CountedStream(_ReadOnlyStream):
+    """A stream that knows its position (``_pos``) and resolves seek targets from it."""
 
     _pos = 0
 
@@ -237,30 +234,27 @@ class _ForwardStream(_ReadOnlyStream):
     def seekable(self) -> bool:
         return True
 
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+    def _target(self, offset: int, whence: int) -> int:
         if whence == io.SEEK_CUR:
             offset += self._pos
         elif whence == io.SEEK_END:
-            offset += self._size()
-        if offset < self._pos:
-            self._rewind()
-        skip_forward(self, offset)
-        return self._pos
+            offset += self._end()
+        if offset < 0:
+            raise ValueError(f"negative seek position {offset}")
+        return offset
 
-    def _rewind(self) -> None:
-        raise io.UnsupportedOperation(f"{type(self).__name__} only seeks forward")
-
-    def _size(self) -> int:
+    def _end(self) -> int:
         raise io.UnsupportedOperation(f"{type(self).__name__} cannot seek from its end")
 
 
 class RetryingFile(_ReadOnlyStream):
     """A read-only file that reopens itself and retries a failed read a bounded number of times.
 
-    ``opener(offset)`` returns a fresh binary file positioned at ``offset``.
-    Each read that fails with a transient error (see :func:`is_transient`) is
-    retried on a reopened file after an exponential back-off; after
+    ``opener()`` returns a fresh binary file at its start. Each read that
+    fails with a transient error (see :func:`is_transient`) is retried on a
+    reopened file, positioned again, after an exponential back-off; after
     ``retries`` failed attempts the last error is raised with the URL added.
+    A seek only records the position; the next read goes there.
     """
 
     def __init__(
@@ -282,8 +276,9 @@ class RetryingFile(_ReadOnlyStream):
         # Called once if the server turns out to ignore Range requests; the opener then
         # returns a stream (see ForwardOnlyFile).
         self._stream_instead = stream_instead
-        self._file: Any = self._attempt(self._opener)
-        self._positioned = True  # whether self._file sits at self._pos
+        self._file: Any = None  # opened (again) by _here() when None
+        self._positioned = False  # whether self._file sits at self._pos
+        self._attempt(self._here)  # a missing file fails now, not at the first read
 
     def _attempt(self, action: Callable[[], Any]) -> Any:
         return with_retries(
@@ -297,26 +292,26 @@ class RetryingFile(_ReadOnlyStream):
 
     def _between_attempts(self) -> None:
         self.retried += 1
-        self._reopen()
+        self._discard()
 
-    def _reopen(self) -> None:
-        try:
-            self._file.close()
-        except Exception:  # noqa: BLE001 - the old handle is broken anyway
-            pass
-        self._positioned = False
-        try:
+    def _discard(self) -> None:
+        """Drop the handle (broken, or of the wrong kind); the next attempt opens another."""
+        file, self._file, self._positioned = self._file, None, False
+        if file is not None:
+            try:
+                file.close()
+            except Exception:  # noqa: BLE001 - the old handle is broken anyway
+                pass
+
+    def _here(self) -> Any:
+        """The open handle, at ``self._pos`` (opening or seeking it as needed)."""
+        if self._file is None:
             self._file = self._opener()
+            self._positioned = self._pos == 0
+        if not self._positioned:
             self._file.seek(self._pos)
             self._positioned = True
-        except Exception:  # noqa: BLE001 - the next attempt seeks again and reports it
-            pass
-
-    def _read_here(self, size: int) -> bytes:
-        if not self._positioned:  # a reopen could not seek: reading now would be misplaced
-            self._file.seek(self._pos)
-            self._positioned = True
-        return self._file.read(size)
+        return self._file
 
     def seekable(self) -> bool:
         return True
@@ -328,22 +323,22 @@ class RetryingFile(_ReadOnlyStream):
         if whence == io.SEEK_CUR:
             offset += self._pos
         elif whence == io.SEEK_END:
-            offset = self._attempt(lambda: self._file.seek(offset, io.SEEK_END))
+            offset = self._attempt(lambda: self._here().seek(offset, io.SEEK_END))
+            self._pos, self._positioned = offset, True
         if offset != self._pos:
-            self._attempt(lambda: self._file.seek(offset))
-            self._pos = offset
+            self._pos, self._positioned = offset, False
         return self._pos
 
     def read(self, size: int = -1) -> bytes:
         try:
-            data = self._attempt(lambda: self._read_here(size))
+            data = self._attempt(lambda: self._here().read(size))
         except ReadFailedError as error:
             if self._stream_instead is None or not ignores_range_requests(error.__cause__):
                 raise
             self._stream_instead()
             self._stream_instead = None
-            self._reopen()
-            data = self._attempt(lambda: self._read_here(size))
+            self._discard()
+            data = self._attempt(lambda: self._here().read(size))
         self._pos += len(data)
         return data
 
@@ -362,32 +357,58 @@ def is_stream(file: Any) -> bool:
     return type(file).__name__ == "HTTPStreamFile"
 
 
-class ForwardOnlyFile(_ForwardStream):
-    """A file served only from its start, made seekable by reading.
+class ForwardOnlyFile(_CountedStream):
+    """A file served only from its start (no ``Range`` support), made seekable by reading.
 
-    A seek forward reads and drops the bytes in between; a seek backward opens
-    the file again from its start; a seek from the end asks for the size. So a
-    resume at byte offset ``n`` of a file on such a server downloads its first
-    ``n`` bytes again, and a zip (``.npz``), read from its end, is downloaded
-    about once per member.
+    Seeks only record the position; the next read gets there, forward by
+    reading and dropping the bytes in between, backward by opening the file
+    again from its start. A seek from the end asks for the size, or, when the
+    server gave none, reads to the end once to learn it. So a resume at byte
+    offset ``n`` downloads the first ``n`` bytes again, and a zip (``.npz``),
+    which is read from its end, is downloaded about twice per member.
     """
 
     def __init__(
-        self, opener: Callable[[], Any], size: Callable[[], int], file: Any = None
+        self, opener: Callable[[], Any], size: Callable[[], int | None], file: Any = None
     ) -> None:
         super().__init__()
         self._opener = opener
-        self._size = size  # type: ignore[method-assign]
+        self._size = size
         self._file: Any = opener() if file is None else file
+        self._at = 0  # where the stream is
+        self._pos = 0  # where the next read starts
+        self._length: int | None = None
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = self._target(offset, whence)
+        return self._pos
+
+    def _end(self) -> int:
+        if self._length is None:
+            self._length = self._size()
+        if self._length is None:  # no size given: the end is where the stream ends
+            self._move_to(sys.maxsize)
+        return self._length if self._length is not None else self._at
+
+    def _move_to(self, target: int) -> None:
+        if target < self._at:
+            self._file.close()
+            self._file, self._at = self._opener(), 0
+        while self._at < target:
+            data = self._file.read(min(1 << 20, target - self._at))
+            if not data:
+                self._length = self._at
+                return
+            self._at += len(data)
 
     def read(self, size: int = -1) -> bytes:
+        self._move_to(self._pos)
+        if self._at < self._pos:  # past the end
+            return b""
         data = self._file.read() if size is None or size < 0 else self._file.read(size)
-        self._pos += len(data)
+        self._at += len(data)
+        self._pos = self._at
         return data
-
-    def _rewind(self) -> None:
-        self._file.close()
-        self._file, self._pos = self._opener(), 0
 
 
 class SourceFile:
@@ -467,14 +488,14 @@ class SourceFile:
         skip_forward(stream, offset)
         return stream
 
-    def size(self) -> int:
-        """The size in bytes of the stored (not decompressed) file."""
+    def size(self) -> int | None:
+        """The size in bytes of the stored (not decompressed) file; ``None`` if the server
+        does not say (an HTTP answer without ``Content-Length``)."""
         fs, path = self._filesystem()
-        return int(
-            with_retries(
-                lambda: fs.size(path), self._retries, url=self.url, doing=lambda: "size query"
-            )
+        size = with_retries(
+            lambda: fs.size(path), self._retries, url=self.url, doing=lambda: "size query"
         )
+        return None if size is None else int(size)
 
 
 class Decompressed(_ReadOnlyStream):
@@ -528,7 +549,7 @@ class Decompressed(_ReadOnlyStream):
                 super().close()
 
 
-class ZstdReader(_ForwardStream):
+class ZstdReader(_CountedStream):
     """zstd frames, decompressed in order; a file that ends inside a frame is an error.
 
     (zstandard's own ``stream_reader`` returns a truncated frame's bytes as if
@@ -575,6 +596,13 @@ class ZstdReader(_ForwardStream):
             del self._buffer[:size]
         self._pos += len(out)
         return out
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = self._target(offset, whence)
+        if target < self._pos:
+            raise io.UnsupportedOperation("a zstd stream only seeks forward")
+        skip_forward(self, target)
+        return self._pos
 
 
 def read_full(f: Any, size: int) -> bytes:

@@ -116,9 +116,11 @@ class LineFormat(RecordFormat):
     def blocks(
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
     ) -> Iterator[tuple[list[Any], Cursor]]:
-        by_range = parts > 1 and source.seekable
         data_start, header_lines, meta = self.prepare(source)
-        span = (source.size() - data_start) if by_range else 0
+        # Split by byte ranges where the file seeks and has a known size; else by blocks.
+        size = source.size() if parts > 1 and source.seekable else None
+        by_range = size is not None
+        span = (size - data_start) if size is not None else 0
         end = data_start + (part + 1) * span // parts if by_range else _UNBOUNDED
         if cursor is not None:
             offset, line, block_no = cursor

@@ -111,7 +111,7 @@ class NpyFormat(RecordFormat):
                 if not self.rows:
                     yield [self._whole(f, is_npz, source.url)], None
                     return
-                members = self._members(f, is_npz, source.url, stack)
+                members = self._members(f, is_npz, source, stack)
                 yield from self._row_blocks(members, part, parts, cursor)
         except BadRecordError as error:  # the rest of the file is unreadable: raise or count
             errors.handle(error)
@@ -125,17 +125,21 @@ class NpyFormat(RecordFormat):
         except (ValueError, zipfile.BadZipFile, EOFError) as error:
             raise BadRecordError(url, "whole file", f"{type(error).__name__}: {error}") from None
 
-    def _members(self, f: Any, is_npz: bool, url: str, stack: ExitStack) -> list[_Member]:
+    def _members(self, f: Any, is_npz: bool, source: SourceFile, stack: ExitStack) -> list[_Member]:
+        url = source.url
         if not is_npz:
             return [_Member(f, url, None)]
-        try:
-            archive = stack.enter_context(zipfile.ZipFile(f))
-        except zipfile.BadZipFile as error:
-            raise BadRecordError(url, "archive", f"not a .npz archive: {error}") from None
+        archive = self._archive(f, url, stack)
+        names = [name for name in archive.namelist() if name.endswith(".npy")]
+        # Each member reads from a file handle of its own: rows are read from the members in
+        # turn, and on one shared handle every turn would seek back (a new download from the
+        # start, on an HTTP server without Range support).
+        archives = [archive] + [
+            self._archive(stack.enter_context(source.open(0)), url, stack) for _ in names[1:]
+        ]
         members = [
-            _Member(stack.enter_context(archive.open(name)), url, name.removesuffix(".npy"))
-            for name in archive.namelist()
-            if name.endswith(".npy")
+            _Member(stack.enter_context(opened.open(name)), url, name.removesuffix(".npy"))
+            for opened, name in zip(archives, names)
         ]
         lengths = {m.name: m.shape[0] for m in members}
         if len(set(lengths.values())) > 1:
@@ -146,6 +150,13 @@ class NpyFormat(RecordFormat):
                 "with read_npy(rows=False)",
             )
         return members
+
+    @staticmethod
+    def _archive(f: Any, url: str, stack: ExitStack) -> zipfile.ZipFile:
+        try:
+            return stack.enter_context(zipfile.ZipFile(f))
+        except zipfile.BadZipFile as error:
+            raise BadRecordError(url, "archive", f"not a .npz archive: {error}") from None
 
     def _row_blocks(
         self, members: list[_Member], part: int, parts: int, cursor: Cursor
