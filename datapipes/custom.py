@@ -29,7 +29,12 @@ class ApplyNode(DataPipe[Any]):
     replay_note = "may re-read them when it resumes (a custom node's resume is its own)"
 
     def __init__(
-        self, upstream: DataPipe[Any], factory: Callable[..., Node[Any]], *args: Any, **kwargs: Any
+        self,
+        upstream: DataPipe[Any],
+        factory: Callable[..., Node[Any]],
+        /,
+        *args: Any,
+        **kwargs: Any,
     ) -> None:
         if not callable(factory):
             raise TypeError(
@@ -41,7 +46,8 @@ class ApplyNode(DataPipe[Any]):
                 "apply_node() passes ctx itself when the factory has a ctx parameter; "
                 "do not give it as an argument"
             )
-        super().__init__(upstream, args=(factory, *args), **kwargs)
+        super().__init__(upstream, args=(factory, *args))
+        object.__setattr__(self, "kwargs", dict(kwargs))  # any names, "args" included
 
     def _build(self, ctx: Context) -> Node[Any]:
         upstream = self.inputs[0].build(ctx)

@@ -21,7 +21,7 @@ from datapipes.workers import (
     worker_states,
 )
 from nodes import Context, Node
-from nodes.even import EvenBatchesNode
+from nodes.even import EvenBatchesNode, RankAgreement
 from nodes.stats import StatsNode, clear_stats, graph_stats
 
 #: The statistics key of the Loader's own row: what the training loop waited for.
@@ -159,7 +159,8 @@ class Loader:
             pipe, self.topology, self.seed, num_workers, dataloader_options, stats=stats
         )
         self._even_batches_arg = even_batches
-        self._even_batches: bool | None = None  # decided when first needed (even_batches_on)
+        self._even_batches: bool | None = None  # pinned once decided (see even_batches_on)
+        self._agreement: RankAgreement | None = None  # made at the first epoch, then kept
         self._root: Node[Any] | None = None
         self._next_epoch = 0
         self._pending: dict[str, Any] | None = None
@@ -205,19 +206,27 @@ class Loader:
 
     @property
     def even_batches(self) -> bool:
-        """Whether every rank yields the same number of items per epoch (see the class doc)."""
+        """Whether every rank yields the same number of items per epoch (see the class doc).
+
+        With the default ``even_batches=None`` on several ranks this is decided
+        once ``torch.distributed`` is initialized, or at the first epoch.
+        """
         if self._even_batches is None:
             self._even_batches = even_batches_on(self._even_batches_arg, self.topology)
-        return self._even_batches
+        return bool(self._even_batches)
 
     def _build(self) -> Node[Any]:
         root = self._runtime_pipe.build(self._context)
-        if self.even_batches:
+        self._even_batches = self.even_batches  # the first epoch decides for good
+        if self._even_batches:
+            if self._agreement is None:  # once: under NCCL it makes a gloo group
+                self._agreement = even_batches_agreement(
+                    self.pipe, self.topology, self.num_workers, self.seed
+                )
             context = self._context
-            agreement = even_batches_agreement(
-                self.pipe, self.topology, self.num_workers, self.seed
+            root = EvenBatchesNode(
+                root, self._agreement, rank=self.rank, epoch=lambda: context.epoch
             )
-            root = EvenBatchesNode(root, agreement, rank=self.rank, epoch=lambda: context.epoch)
         if self.collects_stats:  # what the training loop waits for: everything above
             root = StatsNode(root, LOADER_KEY, "Loader", sample_every=1)  # few outputs: all
         return root
@@ -369,6 +378,13 @@ class Loader:
             "even_batches": self.even_batches,
         }
 
+    def _adopt_undecided_even_batches(self, state: dict[str, Any]) -> None:
+        """Before the process group is up, the default follows the checkpoint being loaded."""
+        undecided = even_batches_on(self._even_batches_arg, self.topology) is None
+        saved = state.get("topology", {}).get("even_batches")
+        if self._even_batches is None and undecided and isinstance(saved, bool):
+            self._even_batches = saved
+
     def _check(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
@@ -387,6 +403,7 @@ class Loader:
                 "this checkpoint was taken with a different recipe:\n"
                 + _explain_difference(list(state["steps"]), self._steps)
             )
+        self._adopt_undecided_even_batches(state)
         topology = state["topology"]
         ours = self._topology_record()
         if topology != ours or str(self.rank) not in state["ranks"]:

@@ -328,7 +328,7 @@ class DataPipe(Generic[T]):
         return TorchDataset(self, topology, seed)
 
     def apply_node(
-        self, factory: Callable[..., Node[Any]], *args: Any, **kwargs: Any
+        self, factory: Callable[..., Node[Any]], /, *args: Any, **kwargs: Any
     ) -> DataPipe[Any]:
         """Run a node of your own on the items: ``factory(upstream_node, *args, **kwargs)``.
 
@@ -337,11 +337,13 @@ class DataPipe(Generic[T]):
         to ``super().__init__(upstream)``. If it has a ``ctx`` parameter it also
         gets the :class:`nodes.Context` of the consumer it runs for (rank,
         worker, epoch; ``ctx.random_key(...)`` seeds an RNG, scoped to this
-        step). The node runs wherever the recipe runs (DataLoader workers
-        included), and its ``state_dict()`` becomes part of the Loader's
-        checkpoints, so it must keep the node contract: check it with
-        :func:`nodes.testing.check_node`. ``args`` and ``kwargs`` are part of
-        the recipe's fingerprint and must pickle for spawned workers.
+        step; add ``ctx.consumer_index`` to the key where workers and ranks
+        must draw differently), passed by keyword. The node runs wherever
+        the recipe runs (DataLoader workers included), and its
+        ``state_dict()`` becomes part of the Loader's checkpoints, so it must
+        keep the node contract: check it with :func:`nodes.testing.check_node`.
+        ``args`` and ``kwargs`` are part of the recipe's fingerprint and must
+        pickle for spawned workers.
 
         >>> import datapipes as dp
         >>> from nodes import Node

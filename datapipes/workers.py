@@ -149,20 +149,26 @@ def _count_by_running(pipe: DataPipe[Any], ctx: Context) -> int:
         root.close()
 
 
-def even_batches_on(even_batches: bool | None, topology: Topology) -> bool:
-    """Whether every rank must yield the same number of items (``None``: when DDP could hang).
+def even_batches_on(even_batches: bool | None, topology: Topology) -> bool | None:
+    """Whether every rank must yield the same number of items; ``None``: not decidable yet.
 
-    The default is decided when a Loader first needs it (its first epoch or
-    checkpoint), not when it is made: a Loader made under ``torchrun`` before
-    ``init_process_group`` still gets even epochs once the process group is up.
+    The default (``even_batches=None``) is on when ``torch.distributed`` runs
+    more than one rank, which may only be known later than the Loader is
+    made: under ``torchrun`` a Loader made before ``init_process_group`` has
+    its ranks from ``RANK``/``WORLD_SIZE``. Until the process group is up that
+    default is ``None``, and the Loader decides at its first epoch (or takes
+    the value of a checkpoint it loads). Ranks given as arguments without a
+    process group decide now: off.
     """
     import torch.distributed as dist
 
     if topology.world_size == 1:
         return False
-    if even_batches is None:
-        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    return bool(even_batches)
+    if even_batches is not None:
+        return bool(even_batches)
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size() > 1
+    return None if topology.origin == "RANK/WORLD_SIZE" else False
 
 
 def even_batches_agreement(

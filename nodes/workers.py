@@ -29,14 +29,17 @@ def stateful_dataloader(dataset: Any, num_workers: int, epoch: int, **options: A
     """A torchdata ``StatefulDataLoader`` over ``dataset`` yielding its items as they are.
 
     The workers' base seed (from which torch seeds their ``random`` and
-    ``torch`` generators) comes from the dataset's ``seed`` and ``epoch``, not
-    from torch's global generator, which the DataLoader would otherwise draw
-    from, so iterating never moves the training process's RNG.
+    ``torch`` generators) comes from the dataset's ``seed``, its rank and
+    ``epoch``, not from torch's global generator, which the DataLoader would
+    otherwise draw from, so iterating never moves the training process's RNG
+    and the workers of different ranks draw differently.
     """
     import torch
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    key = f"datapipes workers {getattr(dataset, 'seed', 0)} {epoch}"
+    topology = getattr(dataset, "topology", None)
+    rank = getattr(topology, "rank", 0)
+    key = f"datapipes workers {getattr(dataset, 'seed', 0)} {rank} {epoch}"
     with warnings.catch_warnings():
         # torchdata calls a torch API deprecated in torch >= 2.6 on every construction.
         warnings.filterwarnings("ignore", message=".*set_vital.*")
