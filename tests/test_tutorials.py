@@ -1,5 +1,5 @@
-"""The tutorials: every one runs to completion (each asserts what it teaches), opens as a
-notebook (jupytext percent cells that each compile), and is linked from the README."""
+"""The tutorials: every one runs to completion as a script and, cell by cell, as a notebook
+(each asserts what it teaches), and is linked from the README."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_RUNNER = Path(__file__).resolve().parent / "notebook_runner.py"
 TUTORIALS = sorted((ROOT / "tutorials").glob("*.py"))
 
 #: The curriculum, in reading order; a tutorial that goes missing fails here, not silently.
@@ -73,3 +74,16 @@ def test_tutorial_runs(script: Path, tmp_path: Path):
     )
     assert done.returncode == 0, f"{script.name} failed:\n{done.stdout[-3000:]}\n{done.stderr}"
     assert "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("script", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+def test_tutorial_runs_as_a_notebook(script: Path, tmp_path: Path):
+    """Cell by cell in one namespace without ``__file__``, as a Jupyter kernel runs it."""
+    done = subprocess.run(
+        [sys.executable, str(NOTEBOOK_RUNNER), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, f"{script.name} failed:\n{done.stdout[-3000:]}\n{done.stderr}"

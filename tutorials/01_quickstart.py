@@ -81,8 +81,9 @@ assert batch["y"].tolist() == [0, 1, 4] and batch["name"] == ["item-0", "item-1"
 # Tuples and namedtuples keep their type, field by field.
 Pair = collections.namedtuple("Pair", "image label")
 pairs = dp.from_sequence([Pair(np.full((2, 2), i, np.uint8), i % 2) for i in range(4)])
-images, labels = next(iter(dp.Loader(pairs.batch(4))))
-assert isinstance(next(iter(dp.Loader(pairs.batch(4)))), Pair)
+batch = next(iter(dp.Loader(pairs.batch(4))))
+assert isinstance(batch, Pair)
+images, labels = batch
 assert images.shape == (4, 2, 2) and images.dtype == torch.uint8
 assert labels.tolist() == [0, 1, 0, 1]
 
@@ -91,7 +92,8 @@ assert labels.tolist() == [0, 1, 0, 1]
 #
 # `map`, `filter`, `batch` and the rest each return a new recipe; the old one
 # is unchanged. Functions defined at module level (not lambdas) keep a recipe
-# picklable, which worker processes may need (tutorial 4).
+# picklable, which worker processes started with `spawn` need (tutorial 4);
+# the default `fork` on Linux needs nothing, and neither does a notebook.
 
 
 # %%
@@ -155,8 +157,10 @@ assert [len(s["tokens"]) for s in as_lists] == [3, 1, 4, 2]
 # several by weight (each item still exactly once by default).
 
 # %%
-print(list(dp.Loader(dp.concat(dp.range(2), dp.from_sequence("ab")))))
-print(list(dp.Loader(dp.zip(dp.range(3), dp.from_sequence("xyz")))))
+chained = list(dp.Loader(dp.concat(dp.range(2), dp.from_sequence("ab"))))
+paired = list(dp.Loader(dp.zip(dp.range(3), dp.from_sequence("xyz"))))
+print(chained, paired)
+assert chained == [0, 1, "a", "b"] and paired == [(0, "x"), (1, "y"), (2, "z")]
 mixed = list(dp.Loader(dp.mix([dp.range(50), dp.range(100, 110)], weights=[5, 1], seed=0)))
 assert sorted(mixed) == list(range(50)) + list(range(100, 110))  # every item exactly once
 
@@ -180,8 +184,9 @@ assert list(dp.Loader(dp.range(10).shuffle(), seed=42)) == epoch_0  # reproducib
 #
 # `loader.state_dict()` is plain data: save it next to the model with
 # `torch.save`, load it with `torch.load(weights_only=True)`, and a fresh
-# Loader continues right after the last batch you received (tutorial 5
-# covers checkpoints in depth).
+# Loader continues right after the last batch you received, even with a
+# `.prefetch(2)` step computing two batches ahead on a background thread
+# (tutorial 7). Tutorial 5 covers checkpoints in depth.
 
 
 # %%
@@ -196,11 +201,10 @@ def make_pipe() -> dp.DataPipe:
 reference = [b.tolist() for b in dp.Loader(make_pipe(), seed=7)]
 
 loader = dp.Loader(make_pipe(), seed=7)
-seen = []
+seen, buffer = [], io.BytesIO()
 for batch in loader:
     seen.append(batch.tolist())
     if len(seen) == 20:
-        buffer = io.BytesIO()
         torch.save({"data": loader.state_dict()}, buffer)  # with the model and the optimizer
         break
 loader.close()

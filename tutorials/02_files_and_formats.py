@@ -6,7 +6,8 @@
 # (`s3://`, `gs://`, ... with their fsspec packages). A `read_*` step turns
 # files into records and `.decode()` turns the fields of tar samples (images,
 # labels, JSON) into objects. Files are dealt to ranks and workers, and a
-# checkpoint holds a byte offset, so a resume seeks instead of re-reading.
+# reader's checkpoint holds a byte offset, so a resume seeks instead of
+# re-reading the files before it.
 #
 # This tutorial writes one small dataset in four formats, serves the same
 # files from a local folder, an in-memory filesystem and a real HTTP server
@@ -40,7 +41,7 @@ import datapipes as dp
 # %% [markdown]
 # ## One dataset, four formats
 #
-# * `train-00.jsonl` ... `train-03.jsonl`: 250 JSON records each;
+# * `train-00.jsonl` ... `train-03.jsonl`: 2,500 JSON records each (115 KiB);
 # * `table.csv`: a header and rows, with a quoted comma and a quoted line break;
 # * `features.npy`: a 10 x 3 float32 array;
 # * `images-0.tar`, `images-1.tar`: webdataset-style shards, where members that
@@ -51,7 +52,7 @@ local = Path(tempfile.mkdtemp(prefix="datapipes-files-"))
 
 for shard in range(4):
     with open(local / f"train-{shard:02d}.jsonl", "w") as f:
-        for i in range(shard * 250, (shard + 1) * 250):
+        for i in range(shard * 2500, (shard + 1) * 2500):
             f.write(json.dumps({"id": i, "text": f"record {i}", "label": i % 10}) + "\n")
 
 with open(local / "table.csv", "w", newline="") as f:
@@ -166,7 +167,7 @@ for fmt in readers(str(local)):
     print(f"{fmt:5}: {counts}")
     assert results["local"][fmt] == results["memory"][fmt] == results["http"][fmt]
 
-assert [r["id"] for r in results["local"]["jsonl"]] == list(range(1000))
+assert [r["id"] for r in results["local"]["jsonl"]] == list(range(10_000))
 assert results["local"]["csv"][1] == {"name": "bob", "comment": "two\nlines"}
 assert results["local"]["npy"][2] == [6.0, 7.0, 8.0]
 first_image = next(iter(dp.Loader(readers(http_root)["tar"])))
@@ -179,56 +180,84 @@ print("every reader gives the same records from local disk, memory:// and HTTP")
 #
 # With two ranks (given explicitly here; under `torchrun` they come from
 # `torch.distributed`), each reads two of the four JSONL files and together
-# they read everything once. With fewer files than consumers, files are split
-# at line boundaries instead (a record belongs to the part its first byte is
-# in), so nobody idles and nothing is read twice.
+# they read everything once. Whole files are dealt round-robin, so 4 files
+# over 3 ranks give 2, 1 and 1 files: uneven shares, which `even_batches`
+# evens out under DDP (tutorial 6). With fewer files than consumers, files
+# are split at line boundaries instead (a record belongs to the part its
+# first byte is in), so nobody idles and nothing is read twice.
 
 # %%
 records = dp.files(f"{http_root}/train-*.jsonl").read_jsonl()
 per_rank = [[r["id"] for r in dp.Loader(records, rank=r, world_size=2)] for r in range(2)]
 print("4 files over 2 ranks:", [len(ids) for ids in per_rank])
-assert sorted(per_rank[0] + per_rank[1]) == list(range(1000))
+assert sorted(per_rank[0] + per_rank[1]) == list(range(10_000))
 
 one_file = dp.files(f"{local}/train-00.jsonl").read_jsonl()
 parts = [[r["id"] for r in dp.Loader(one_file, rank=r, world_size=3)] for r in range(3)]
 print("1 file over 3 ranks:", [len(part) for part in parts])
-assert sorted(sum(parts, [])) == list(range(250))
+assert sorted(sum(parts, [])) == list(range(2500))
 
 # %% [markdown]
-# ## A training-style pipeline, checkpointed in the middle of a file
+# ## A checkpoint in the middle of a file
 #
-# `.shuffle()` on the file list reorders the files every epoch (the same
-# order on every rank); `.shuffle(1000)` after reading mixes records within a
-# buffer. The checkpoint is taken in the middle of a file read over HTTP; the
-# reader's state is the file, a byte offset and a record index, so the
-# resumed Loader reopens the file at that offset.
-
+# A reader's state is the file, a byte offset and a record index: the
+# position of the last record handed out. A resumed Loader reopens that file
+# at that offset (over HTTP: a request from there, or on this server, which
+# ignores `Range`, a download up to there) and reads on. `describe_checkpoint`
+# (what `python -m datapipes inspect` prints) shows the position step by step.
 
 # %%
+from datapipes.inspect import describe_checkpoint  # noqa: E402
+
+
 def features(record: dict) -> dict:
     return {"label": record["label"], "length": len(record["text"])}
 
 
-pipe = (
+def resume_is_exact(pipe: dp.DataPipe, stop: int) -> dict:
+    """Stop after ``stop`` batches, resume in a fresh Loader; return the saved state."""
+    reference = [b["label"].tolist() for b in dp.Loader(pipe, seed=7)]
+    loader = dp.Loader(pipe, seed=7)
+    batches = iter(loader)
+    head = [next(batches)["label"].tolist() for _ in range(stop)]
+    state = json.loads(json.dumps(loader.state_dict()))  # plain data
+    loader.close()
+    resumed = dp.Loader(pipe, seed=7)
+    resumed.load_state_dict(state)
+    assert head + [b["label"].tolist() for b in resumed] == reference
+    return state
+
+
+reader = dp.files(f"{http_root}/train-*.jsonl").shuffle().read_jsonl().map(features).batch(64)
+state = resume_is_exact(reader, stop=75)  # 4,800 records: in the middle of the second file
+shown = describe_checkpoint({"data": state})
+print(shown.splitlines()[-1].strip())
+assert "cursor=[" in shown  # [byte offset, line, block]: a real position inside the file
+print("resumed over HTTP at a byte offset: identical stream")
+
+# %% [markdown]
+# A buffer shuffle after the reader holds positions, never records: its
+# state is an *anchor* (the reader's state at some earlier point) and which
+# records sit in the buffer. A resume reopens the file at the anchor and
+# re-reads a window of records, about `buffer_size * ln(buffer_size)`
+# whatever the position in the epoch, to refill the buffer exactly.
+
+# %%
+shuffled = (
     dp.files(f"{http_root}/train-*.jsonl")
-    .shuffle()
+    .shuffle()  # file order, new every epoch, the same on every rank
     .read_jsonl()
     .map(features)
-    .shuffle(1000)
+    .shuffle(500)  # records, within a buffer of 500
     .batch(64)
 )
-reference = [b["label"].tolist() for b in dp.Loader(pipe, seed=7)]
-loader = dp.Loader(pipe, seed=7)
-batches = iter(loader)
-head = [next(batches)["label"].tolist() for _ in range(5)]
-state = json.loads(json.dumps(loader.state_dict()))  # plain data
-loader.close()
-
-resumed = dp.Loader(pipe, seed=7)
-resumed.load_state_dict(state)
-rest = [b["label"].tolist() for b in resumed]
-assert head + rest == reference
-print(f"resumed over HTTP after {len(head)} of {len(reference)} batches: identical stream")
+state = resume_is_exact(shuffled, stop=60)
+buffer_line = next(
+    line for line in describe_checkpoint({"data": state}).splitlines() if "anchor_seq" in line
+)
+print(buffer_line.strip().split(": ", 1)[1])
+assert "re-reads" in buffer_line
+print("resumed inside the buffer shuffle: identical stream")
 
 # %% [markdown]
 # ## Images: tar shards and loose files
@@ -310,6 +339,8 @@ try:
 except dp.BadRecordError as error:
     print("error:", str(error)[:100])
     assert "'s0'" in str(error) and "'png'" in str(error)
+else:
+    raise AssertionError("an image that does not decode must raise")
 
 lenient_lines = dp.files(f"{http_root}/dirty.jsonl").read_jsonl(on_error="skip")
 lenient_images = (
@@ -330,6 +361,23 @@ print(f"{len(caught)} warnings (one per step that skipped)")
 assert kept == [1, 3, 5] and list(lines_loader.skipped().values()) == [2]
 assert len(samples) == 8 and sorted(images_loader.skipped().values()) == [1, 1]
 assert len(caught) == 3
+
+# %% [markdown]
+# The counts are part of the checkpoint: a Loader resumed after the bad line
+# still reports it, and counts nothing twice.
+
+# %%
+loader = dp.Loader(lenient_lines)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dp.BadRecordWarning)
+    lines = iter(loader)
+    assert [next(lines)["id"], next(lines)["id"]] == [1, 3]  # line 2 was skipped on the way
+    state = loader.state_dict()
+    resumed = dp.Loader(lenient_lines)
+    resumed.load_state_dict(state)
+    assert [r["id"] for r in resumed] == [5]
+print("after the resume, skipped:", list(resumed.skipped().values()))
+assert list(resumed.skipped().values()) == [2]
 
 # %%
 server.shutdown()

@@ -78,7 +78,9 @@ assert [int(r[0]) // 20 for r in rows] != list(range(100))  # ... and not in ord
 # Every rank computes the *same* permutation (it depends on the seed, the epoch and the step,
 # never on the rank) and takes every `world_size`-th position of it, like
 # `DistributedSampler`. So the shares are disjoint and together they are the whole epoch;
-# interleaved back, they are exactly the single-process order.
+# interleaved back, they are exactly the single-process order. Unlike `DistributedSampler`,
+# nothing is padded with repeated samples: 1,000 items over 3 ranks are 334, 333 and 333
+# (tutorial 6 shows how `even_batches` keeps ranks in step anyway).
 
 # %%
 pipe = dp.range(1000).shuffle()
@@ -116,8 +118,8 @@ files = dp.files(str(folder / "part-*.jsonl"))
 for stream in (files.read_jsonl(), dp.from_iterable(lambda: iter(range(10)))):
     try:
         stream.shuffle()
-    except ValueError:
-        pass
+    except ValueError as error:
+        print("refused:", str(error).split(".")[0])
     else:
         raise AssertionError(f"{stream!r}.shuffle() must be refused")
 
@@ -250,6 +252,18 @@ assert list(dp.Loader(pipe, seed=7)) != list(dp.Loader(pipe, seed=8))  # another
 # Worker processes compute the same permutation; dealt to 2 workers and interleaved back,
 # the global shuffle's stream is even item-for-item the in-process one.
 assert list(dp.Loader(pipe, seed=7, num_workers=2)) == list(dp.Loader(pipe, seed=7))
+
+# A buffer shuffle is different: every consumer (rank x worker) shuffles its own share in
+# a buffer of its own, with its own random stream, so its order depends on how many
+# consumers there are. Same seed and same topology: same order; another num_workers or
+# world_size: another order (and a checkpoint refuses the other topology).
+buffered = files.shuffle().read_jsonl().shuffle(buffer_size=100).map(lambda r: r["id"])
+in_process, in_workers = (
+    list(dp.Loader(buffered, seed=7)),
+    list(dp.Loader(buffered, seed=7, num_workers=2)),
+)
+assert sorted(in_process) == sorted(in_workers) and in_process != in_workers
+assert list(dp.Loader(buffered, seed=7, num_workers=2)) == in_workers
 
 pinned = dp.range(1000).shuffle(seed=123)
 under_0, under_1 = dp.Loader(pinned, seed=0), dp.Loader(pinned, seed=1)

@@ -141,11 +141,13 @@ def deal(records: list[dict]) -> dict[int, list[str]]:
     return {w: [f"{a}-{b}" for a, b in runs[w]] for w in sorted(runs)}
 
 
-files = dp.files(str(root / "part-*.jsonl")).read_jsonl().map(where)
+from_files = dp.files(str(root / "part-*.jsonl")).read_jsonl().map(where)
 for workers in (0, 1, 2, 3):
-    records = list(dp.Loader(files, num_workers=workers))
+    records = list(dp.Loader(from_files, num_workers=workers))
     assert sorted(r["id"] for r in records) == ALL_IDS, workers  # no loss, no duplicates
     print(f"4 files, num_workers={workers}:", deal(records))
+    if workers == 2:  # whole files, round-robin
+        assert deal(records) == {0: ["0-24", "50-74"], 1: ["25-49", "75-99"]}
 
 # %% [markdown]
 # With **fewer files than workers**, whole files cannot go round: the files
@@ -160,6 +162,7 @@ for workers in (2, 3):
     records = list(dp.Loader(one_file, num_workers=workers))
     got = sorted(r["id"] for r in records)
     assert got == list(range(25)), (workers, got)
+    assert len(deal(records)) == workers  # every worker read a part of the file
     print(f"1 file, num_workers={workers}:", deal(records))
 
 # %% [markdown]
@@ -218,12 +221,14 @@ assert two_a != three and sorted(two_a) == sorted(three) == ALL_IDS
 
 # %% [markdown]
 # That is why a checkpoint records the number of workers. The state covers
-# every worker: each one's position as of the last item the training loop
-# received, and whose turn is next (items the workers had computed ahead are
-# computed again after a resume). A Loader with another `num_workers` would
-# continue a different order, so it refuses the checkpoint with
-# `dp.StateMismatchError`; the same `num_workers` resumes exactly, here from
-# a `torch.save` file as in a training checkpoint.
+# every worker: each one's position as of its last snapshot (taken every 32
+# items), whose turn is next, and how many items the loop received since; a
+# resume restores the snapshot and computes those items again, without
+# handing them out twice, then goes on right after the last item received.
+# A Loader with another `num_workers` would continue a different order, so
+# it refuses the checkpoint with `dp.StateMismatchError`; the same
+# `num_workers` resumes exactly, here from a `torch.save` file as in a
+# training checkpoint.
 
 # %%
 loader = dp.Loader(recipe, seed=3, num_workers=2)
@@ -255,10 +260,11 @@ print(f"resumed with 2 workers after {len(head)} records: identical stream")
 # ## Choosing `num_workers`
 #
 # Workers pay off when a step is CPU-bound and holds the GIL: pure-Python
-# parsing, tokenizing, augmenting. Here a map costs about 350 µs per item and
-# the "training step" takes 4 ms per batch of 16 (`time.sleep` stands in for a
-# GPU step: it leaves the CPU free, as a real GPU step does). `stats=True`
-# measures how long the training loop waited in `next(loader)`.
+# parsing, tokenizing, augmenting. Here a pure-Python map stands in for a
+# tokenizer, and `time.sleep` for the training step on a GPU (it leaves the
+# CPU free, as a GPU step does), set to about half the time the map takes per
+# batch: without workers the loop must wait. `stats=True` measures how long
+# the training loop waited in `next(loader)`.
 
 
 # %%
@@ -269,14 +275,21 @@ def tokenize(i: int) -> int:  # pure Python: holds the GIL
     return h
 
 
-slow = dp.range(1024).map(tokenize).batch(16)
+start = time.perf_counter()
+for i in range(200):
+    tokenize(i)
+per_item = (time.perf_counter() - start) / 200
+step = 16 * per_item / 2  # the training step: half of what a batch of 16 costs to make
+print(f"tokenize: {per_item * 1e6:.0f} us per item; a training step of {step * 1e3:.1f} ms")
+
+slow = dp.range(3072).map(tokenize).batch(16)
 results = {}
 for workers in (0, 1, 2):
     loader = dp.Loader(slow, num_workers=workers, stats=True)
     start = time.perf_counter()
     batches = []
     for batch in loader:
-        time.sleep(0.004)  # the training step
+        time.sleep(step)  # the training step
         batches.append(batch)
     elapsed = time.perf_counter() - start
     stats = loader.stats()
@@ -291,14 +304,18 @@ assert results[0] == results[1] == results[2]  # same samples, whatever the work
 
 # %% [markdown]
 # (Timings are printed, never asserted: they depend on the machine.) With 0
-# workers the loop waits while every batch is computed. One worker computes
-# the next batches during the training step, so the loop waits only for the
-# difference (about 5.6 ms of data against 4 ms of training per batch). Two workers
-# produce faster than the loop consumes, *if* two cores are free for them: on
-# a 2-core machine they compete with the training process itself and gain
-# little over one, which is the second rule below at work. The wait also
-# includes starting the workers, so it never reaches zero in an epoch this
-# short.
+# workers the loop waits while every batch is computed, about two thirds of
+# the epoch. One worker computes the next batches during the training step,
+# so the loop waits only for what the map costs beyond the step. Two workers
+# can produce as fast as the loop consumes, *if* two cores are free for
+# them: on a 2-core machine they compete with the training process itself
+# and gain less, which is the second rule below at work. The wait also
+# includes starting the workers (a fraction of a second), so it never
+# reaches zero in an epoch this short.
+#
+# In the table, a step in the workers reports `self s` as the workers' time
+# divided by their number (the wall-clock time it costs the epoch), and
+# `us/item` as its cost per item in one process (what a worker spends).
 #
 # The rule of thumb:
 #
@@ -345,6 +362,20 @@ print("epoch 0:", epochs[0][:12], "...")
 print("epoch 1:", epochs[1][:12], "...")
 assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(48))  # each sample once per epoch
 assert epochs[0] != epochs[1]  # a new order each epoch
+
+# %% [markdown]
+# Forget `set_epoch` and, with workers, every epoch repeats the same order:
+# the DataLoader hands each epoch a fresh copy of the dataset, which cannot
+# know how many epochs came before (as with `DistributedSampler`). `dp.Loader`
+# counts epochs itself, so there is nothing to forget.
+
+# %%
+forgetful = DataLoader(batched.as_torch_dataset(seed=0), batch_size=None, num_workers=2)
+first, second = (torch.cat(list(forgetful)).tolist() for _ in range(2))
+assert first == second  # the same "epoch" twice
+loader = dp.Loader(batched, seed=0, num_workers=2)
+assert torch.cat(list(loader)).tolist() != torch.cat(list(loader)).tolist()
+print("without set_epoch: the same order every epoch; dp.Loader moves on by itself")
 
 # %% [markdown]
 # Under torchdata's `StatefulDataLoader`, the loader's `state_dict()` holds

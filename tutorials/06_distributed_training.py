@@ -191,7 +191,13 @@ def train_ddp(folder: Path, epochs: int = 2) -> dict[str, Any]:
 # `even_batches=False` shows what was dropped: the same ranks then read
 # their whole share, and the batch counts differ. Only read such a Loader
 # where no collective runs per batch (here: no training); under DDP it is
-# exactly the hang above. Balanced data (more, evenly sized files) drops less.
+# exactly the hang above.
+#
+# What is dropped is real data: with one shard four times the others, about
+# a third of each epoch never reaches the model (the printout below says how
+# much). The drops change from epoch to epoch (the file order does), but the
+# fix is in the data: many shards of even size (many more than ranks x
+# workers), so that the dealt shares differ by little.
 
 
 # %%
@@ -240,15 +246,19 @@ def check_ddp(ranks: list[dict[str, Any]], dataset: list[int]) -> None:
 # model on *one* batch, so they must read the same batches; the two groups
 # split the data. `dp.Loader(pipe, mesh=mesh, mesh_dims="dp")` does exactly
 # that: its rank is the mesh coordinate along `dp` (world size 2), whatever
-# the `tp` coordinate. (`mesh_dims=("replicate", "shard")` does the same for
-# hybrid sharding with two data-parallel dimensions.)
+# the `tp` coordinate. With hybrid sharding (HSDP) both dimensions of a
+# `("replicate", "shard")` mesh are data-parallel: `mesh_dims=("replicate",
+# "shard")` makes the rank row-major over the two (world size 4 here), and a
+# 3-D mesh with tensor parallelism names the two data-parallel dimensions
+# the same way.
 #
 # `parallelize_module` splits the MLP's first layer by output columns and the
 # second by input rows. Gradients are then averaged over the `dp` dimension
 # only: each rank all-reduces its own gradient shard with its peer in the
 # other group (`mesh["dp"].get_group()`). even_batches still applies: all
 # four ranks take part in the agreement and stop together. Its warning names
-# the *data-parallel* rank: processes 2 and 3 both say "rank 1 dropped".
+# the *data-parallel* rank, so both processes of the fuller tensor-parallel
+# group report the same rank and the same drop.
 
 
 # %%
@@ -265,6 +275,10 @@ def train_tensor_parallel(folder: Path, steps: int = 4) -> dict[str, Any]:
     loader = dp.Loader(train_recipe(folder), seed=SEED, mesh=mesh, mesh_dims="dp")
     say(f"mesh coordinates {coordinates}: {loader.topology}")
     assert loader.topology == dp.Topology(coordinates["dp"], 2, "device mesh")
+    hybrid = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    hsdp = dp.Loader(train_recipe(folder), mesh=hybrid, mesh_dims=("replicate", "shard"))
+    row_major = 2 * hybrid.get_local_rank("replicate") + hybrid.get_local_rank("shard")
+    assert hsdp.topology == dp.Topology(row_major, 4, "device mesh")
 
     torch.manual_seed(0)  # the same initial model on every rank
     model = torch.nn.Sequential(
@@ -305,6 +319,7 @@ def train_tensor_parallel(folder: Path, steps: int = 4) -> dict[str, Any]:
         "steps": read,
         "uneven": uneven,
         "shards": [t.flatten().tolist() for t in local],
+        "drops": drops,
     }
 
 
@@ -314,8 +329,9 @@ def check_mesh(ranks: list[dict[str, Any]], dataset: list[int]) -> None:
     groups: dict[int, list[dict[str, Any]]] = {}
     for run in runs:
         groups.setdefault(run["coordinates"]["dp"], []).append(run)
-    for peers in groups.values():  # a tensor-parallel group: identical batches
+    for peers in groups.values():  # a tensor-parallel group: identical batches, same drops
         assert peers[0]["steps"] == peers[1]["steps"] and peers[0]["steps"]
+        assert peers[0]["drops"] == peers[1]["drops"]
     first, second = groups[0][0], groups[1][0]
     delivered = [i for run in (first, second) for batch in run["steps"] for i in batch]
     assert len(delivered) == len(set(delivered)), "the two dp groups overlap"
@@ -338,9 +354,10 @@ def check_mesh(ranks: list[dict[str, Any]], dataset: list[int]) -> None:
 #
 # Every rank saves its own `loader.state_dict()` (plain data, here one
 # `torch.save` file per rank next to where the model would go); a fresh
-# Loader in a new job loads it and continues right after the last batch the
-# loop received. All ranks stop at the same step, so after the resume their
-# even_batches agreement continues in step. (With
+# Loader, as after a restart (here in the same job, to keep it short), loads
+# it and continues right after the last batch the loop received. All ranks
+# stop at the same step, so after the resume their even_batches agreement
+# continues in step. (With
 # `torch.distributed.checkpoint`, put the Loader itself in the state dict:
 # every rank writes and gets back its own position. The checkpoint tutorial
 # covers both in depth.)
@@ -468,13 +485,16 @@ def check_job(folder: Path) -> None:
 
 
 # %% [markdown]
-# The launcher: `python -m torch.distributed.run` is `torchrun`;
-# `--standalone` starts a rendezvous on a free local port. The children get
-# a clean environment (no `RANK`/`MASTER_PORT` from an outer job) and
-# `OMP_NUM_THREADS=1` (four processes on a small machine: one intra-op
-# thread each). A job that does not finish in time is stopped: torchrun
-# starts every rank in a session of its own, so it is asked to stop them
-# (SIGTERM), and whatever is left is killed.
+# The launcher. As a script, it runs `python -m torch.distributed.run`
+# (that is `torchrun`) on this very file; `--standalone` starts a rendezvous
+# on a free local port. The children get a clean environment (no
+# `RANK`/`MASTER_PORT` from an outer job) and `OMP_NUM_THREADS=1` (four
+# processes on a small machine: one intra-op thread each). A job that does
+# not finish in time is stopped: torchrun starts every rank in a session of
+# its own, so it is asked to stop them (SIGTERM), and whatever is left is
+# killed. In a notebook there is no file to hand to torchrun, so the four
+# ranks are forked from the kernel instead, with the environment torchrun
+# would give them; the 60 s collective timeout bounds a hang there.
 
 
 # %%
@@ -495,35 +515,64 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def run_torchrun(script: str, folder: Path) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += [f"--nproc-per-node={NPROC}", script]
+    print("launching:", shlex.join(command), flush=True)
+    outer = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in outer}
+    env = {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
+    env.update({"OMP_NUM_THREADS": "1", FOLDER_VARIABLE: str(folder)})
+    job = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        returncode = job.wait(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        started = descendants(job.pid)
+        job.send_signal(signal.SIGTERM)  # torchrun stops its ranks
+        try:
+            job.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            for pid in [job.pid, *started]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            job.wait()
+        raise SystemExit(f"the job hung: stopped after {JOB_TIMEOUT_S}s") from None
+    assert returncode == 0, f"the job failed with exit code {returncode}"
+
+
+def forked_rank(rank: int, folder: str, port: int) -> None:
+    """One rank forked from a notebook, with the environment torchrun would set."""
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(NPROC), MASTER_ADDR="127.0.0.1"
+    )
+    os.environ.update({"MASTER_PORT": str(port), FOLDER_VARIABLE: folder})
+    torch.set_num_threads(1)
+    run_rank()
+
+
+def run_forked(folder: Path) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    print(f"forking {NPROC} ranks (a notebook has no file for torchrun)", flush=True)
+    mp.start_processes(forked_rank, args=(str(folder), port), nprocs=NPROC, start_method="fork")
+
+
 def launch() -> None:
     folder = Path(tempfile.mkdtemp(prefix="datapipes-ddp-"))
     try:
         write_data(folder)
-        script = str(Path(__file__).resolve())
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        command += [f"--nproc-per-node={NPROC}", script]
-        print("launching:", shlex.join(command), flush=True)
-        outer = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-        env = {k: v for k, v in os.environ.items() if k not in outer}
-        env = {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
-        env.update({"OMP_NUM_THREADS": "1", FOLDER_VARIABLE: str(folder)})
-        job = subprocess.Popen(command, env=env, start_new_session=True)
-        try:
-            returncode = job.wait(timeout=JOB_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            started = descendants(job.pid)
-            job.send_signal(signal.SIGTERM)  # torchrun stops its ranks
-            try:
-                job.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                for pid in [job.pid, *started]:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                job.wait()
-            raise SystemExit(f"the job hung: stopped after {JOB_TIMEOUT_S}s") from None
-        assert returncode == 0, f"the job failed with exit code {returncode}"
+        as_script = "__file__" in globals()
+        if as_script:
+            run_torchrun(str(Path(__file__).resolve()), folder)
+        else:
+            run_forked(folder)
         check_job(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

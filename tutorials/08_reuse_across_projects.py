@@ -21,9 +21,11 @@
 # Run `python tutorials/08_reuse_across_projects.py`; it asserts what it shows.
 
 # %%
+import ast
 import inspect
 import io
 import json
+import linecache
 import os
 import pickle
 import shutil
@@ -224,7 +226,8 @@ else:
 # function per pipeline in another. A recipe holds no open files, threads or
 # data, only the description, so returning it from a function is all there
 # is to "packaging" it. Here the package `acme_data` is written from the
-# code above (`inspect.getsource`), as if it were pip-installed.
+# code above, as if it were pip-installed (`source_of` copies a definition
+# out of this script or notebook; a real project has the files already).
 
 
 # %%
@@ -241,28 +244,47 @@ def train_pipe(files: str = DEFAULT_FILES, block_size: int = 16, mask: float = 0
     )
 
 
+def source_of(definition: type | object) -> str:
+    """The source of a class or function defined in this script or notebook.
+
+    (``inspect.getsource`` finds no class defined in a notebook cell before
+    Python 3.13; the code of its methods still knows where it came from.)
+    """
+    if inspect.isfunction(definition):
+        return inspect.getsource(definition)
+    method = next(f for f in vars(definition).values() if inspect.isfunction(f))
+    lines = linecache.getlines(method.__code__.co_filename)
+    tree = ast.parse("".join(lines))
+    found = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name == definition.__name__
+    )
+    return "".join(lines[found.lineno - 1 : found.end_lineno]) + "\n"
+
+
 package = workdir / "site-packages" / "acme_data"
 package.mkdir(parents=True)
 (package / "nodes.py").write_text(
     '"""acme_data\'s custom steps."""\n\nimport torch\n\nfrom nodes import Context, Node, '
     f"UniformStream\n\nMASK = {MASK}\n\n\n"
-    + "\n\n".join(inspect.getsource(cls) for cls in (PackTokens, MaskTokens))
+    + "\n\n".join(source_of(cls) for cls in (PackTokens, MaskTokens))
 )
 (package / "__init__.py").write_text(
     '"""acme_data: the team\'s training data, as datapipes recipes."""\n\n'
     "import datapipes as dp\nfrom acme_data.nodes import MaskTokens, PackTokens\n\n"
     f"DEFAULT_FILES = {DEFAULT_FILES!r}\n\n\n"
-    + "\n\n".join(inspect.getsource(fn) for fn in (tokenize, train_pipe))
+    + "\n\n".join(source_of(fn) for fn in (tokenize, train_pipe))
 )
 print(sorted(p.name for p in package.iterdir()))
 
 # %% [markdown]
-# The training project imports it. Its recipe pickles, since the functions
-# and node classes it holds are importable from the package (what worker
-# processes started with `spawn` need; classes defined in a notebook are
-# not). And because a fingerprint names functions and classes by their
-# qualified names, the package's `train_pipe()` is *the same recipe* as the
-# one defined above.
+# The training project imports it. Its recipe pickles by reference to the
+# package's functions and classes, which worker processes started with
+# `spawn` import by name; a lambda has no name to import, and a recipe that
+# holds one does not pickle. And because a fingerprint names functions and
+# classes by their qualified names, the package's `train_pipe()` is *the
+# same recipe* as the one defined above.
 
 # %%
 sys.path.insert(0, str(package.parent))
@@ -271,8 +293,15 @@ import acme_data  # noqa: E402
 imported = acme_data.train_pipe()
 print(imported)
 assert imported.fingerprint() == train_pipe().fingerprint()
-shipped = pickle.loads(pickle.dumps(imported))  # what a spawned worker receives
+shipped = pickle.loads(pickle.dumps(imported))
 assert [b.tolist() for b in dp.Loader(shipped)] == [b.tolist() for b in dp.Loader(train_pipe())]
+assert "acme_data" in str(pickle.dumps(imported))  # by reference: the names, not the code
+try:
+    pickle.dumps(dp.range(3).map(lambda x: x))
+except (pickle.PicklingError, AttributeError) as error:
+    print("a recipe with a lambda does not pickle:", type(error).__name__)
+else:
+    raise AssertionError("a lambda must not pickle")
 
 # %% [markdown]
 # So a checkpoint moves between projects. This process trains 5 batches on
@@ -333,12 +362,20 @@ assert inspected.returncode == 0, inspected.stdout + inspected.stderr
 # * `Batcher(node, n)` + `Mapper(node, collate)`, `Unbatcher(node)`:
 #   `.batch(n, collate_fn=...)`, `.unbatch()`;
 # * `Prefetcher(node, k)`, `PinMemory(node)`: `.prefetch(k)`, `.pin_memory()`;
-# * `MultiNodeWeightedSampler({...}, weights)`: `dp.mix([...], weights)`;
+# * `MultiNodeWeightedSampler({...}, weights)`: `dp.mix([...], weights)`; its
+#   default `CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED` restarts the sources that
+#   run out, where `dp.mix` draws each item once (`stop="all_exhausted"`,
+#   torchdata's `ALL_DATASETS_EXHAUSTED`) or stops at the first empty one
+#   (`"first_exhausted"`); to cycle a small source, `.repeat()` it;
 # * `Loader(node)` with `state_dict()`/`load_state_dict()`: `dp.Loader(pipe, seed)`,
 #   the same, plus epochs, ranks and worker processes;
 # * a `BaseNode` subclass with `reset(initial_state)`, `next()`, `get_state()`:
 #   a `nodes.Node` with `reset(state)`, `__next__()`, `state_dict()`, plugged
 #   into a recipe with `.apply_node(...)`.
+#
+# Checkpoints do not carry over between the two libraries: resume the last
+# torchdata checkpoint with torchdata, and start the datapipes run at an
+# epoch boundary (`loader.set_epoch(e)`).
 #
 # The same pipeline both ways gives the same batches:
 
@@ -381,11 +418,14 @@ print(f"torchdata.nodes and datapipes: the same {len(ours)} batches")
 #   again runs the next epoch;
 # * `DataLoader(ds, batch_size=8, num_workers=2)`: `dp.Loader(pipe.batch(8),
 #   num_workers=2)`;
-# * `ds.state_dict()` (a resume replays the stream up to the position):
-#   `loader.state_dict()` (a resume seeks to a byte offset).
+# * `ds.state_dict()`, whose resume skips to the position in the current shard
+#   and refills the shuffle buffer with new records (the buffered ones are
+#   lost, as its documentation says): `loader.state_dict()`, whose resume
+#   seeks to the reader's byte offset and rebuilds the buffer exactly.
 
 # %%
 import datasets  # noqa: E402
+from datasets.distributed import split_dataset_by_node  # noqa: E402
 
 files = sorted(str(p) for p in (workdir / "data").glob("docs-*.jsonl"))
 streaming = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
@@ -393,6 +433,22 @@ hf_tokens = [tokenize(record) for record in streaming]
 dp_tokens = [tokenize(record) for record in dp.Loader(dp.files(DEFAULT_FILES).read_jsonl())]
 assert hf_tokens == dp_tokens
 print(f"HF streaming and datapipes: the same {len(dp_tokens)} documents")
+
+# The usual training loop, both ways: shuffled shards and records, this rank's share
+# (one rank here), a new order every epoch, batches of 8 from a DataLoader.
+hf = streaming.shuffle(seed=0, buffer_size=64)
+hf = split_dataset_by_node(hf, rank=0, world_size=1)
+hf_epochs = []
+for epoch in range(2):
+    hf.set_epoch(epoch)
+    hf_epochs.append([i for b in DataLoader(hf, batch_size=8) for i in b["id"].tolist()])
+
+recipe = dp.files(DEFAULT_FILES).shuffle().read_jsonl().shuffle(buffer_size=64).batch(8)
+loader = dp.Loader(recipe, seed=0)  # rank, world size and epochs: the Loader's business
+dp_epochs = [[i for b in loader for i in b["id"].tolist()] for _ in range(2)]
+for epochs in (hf_epochs, dp_epochs):
+    assert all(sorted(ids) == list(range(120)) for ids in epochs) and epochs[0] != epochs[1]
+print("both loops: every document once per epoch, a new order each epoch")
 
 # %% [markdown]
 # ## Migrating from a hand-written `IterableDataset`
@@ -420,7 +476,7 @@ class HandWrittenDocuments(IterableDataset):
 
 by_hand = list(DataLoader(HandWrittenDocuments(files), batch_size=None, num_workers=2))
 recipe = dp.files(DEFAULT_FILES).read_jsonl().map(tokenize)
-assert [list(map(int, doc)) for doc in by_hand] == list(dp.Loader(recipe, num_workers=2))
+assert by_hand == list(dp.Loader(recipe, num_workers=2))
 print("hand-written IterableDataset and the recipe: the same stream under 2 workers")
 
 # %% [markdown]
@@ -458,8 +514,10 @@ first = [next(it) for _ in range(20)]
 buffer = io.BytesIO()
 torch.save(loader.state_dict(), buffer)
 buffer.seek(0)
+saved = torch.load(buffer, weights_only=True)
+assert '"position":20' in saved["ranks"]["0"]["node"]  # Feed's own state: a seek, no replay
 resumed = dp.Loader(feed)
-resumed.load_state_dict(torch.load(buffer, weights_only=True))
+resumed.load_state_dict(saved)
 assert first + list(resumed) == [x * 10 for x in range(50)]
 assert sorted(dp.Loader(dp.from_iterable(lambda: Feed(50)).shard(), num_workers=2)) == list(
     range(50)
