@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing
 import os
 import warnings
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pytest
 import torch
 from file_fixtures import jsonl_records, write_jsonl, write_npz
 from http_server import FileServer, _Handler
+from subprocess_helpers import run_forked_ranks
 
 import datapipes as dp
 from nodes import Context, Node
@@ -268,21 +268,7 @@ def _rank_job(rank: int, store: str, mode: str, answers) -> None:
 
 
 def _run_ranks(tmp_path: Path, mode: str) -> list[tuple[Any, ...]]:
-    context = multiprocessing.get_context("fork")
-    answers = context.Queue()
-    ranks = [
-        context.Process(target=_rank_job, args=(r, str(tmp_path / "store"), mode, answers))
-        for r in range(2)
-    ]
-    for process in ranks:
-        process.start()
-    try:
-        return sorted((answers.get(timeout=60) for _ in ranks), key=str)
-    finally:
-        for process in ranks:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
+    return run_forked_ranks(_rank_job, tmp_path / "store", mode)
 
 
 @pytest.mark.timeout(120)
@@ -330,19 +316,5 @@ def _close_each_epoch_job(rank: int, store: str, answers) -> None:
 @pytest.mark.timeout(120)
 def test_even_batches_makes_one_gloo_group_per_loader_not_one_per_rebuild(tmp_path):
     """Under NCCL the agreement's gloo group is made once per Loader; close() must not leak one."""
-    context = multiprocessing.get_context("fork")
-    answers = context.Queue()
-    ranks = [
-        context.Process(target=_close_each_epoch_job, args=(r, str(tmp_path / "s"), answers))
-        for r in range(2)
-    ]
-    for process in ranks:
-        process.start()
-    try:
-        results = sorted((answers.get(timeout=60) for _ in ranks), key=str)
-    finally:
-        for process in ranks:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
+    results = run_forked_ranks(_close_each_epoch_job, tmp_path / "s")
     assert results == [(0, 3, 1), (1, 3, 1)]  # 3 epochs, each rank made 1 gloo group

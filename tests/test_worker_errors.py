@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from subprocess_helpers import run_forked_ranks
 from torch.utils.data import DataLoader
 
 import datapipes as dp
@@ -326,18 +327,7 @@ def _set_up_then_join(rank: int, store_file: str, answers) -> None:
 
 def test_a_pipeline_set_up_before_init_process_group_refuses_to_duplicate(tmp_path):
     """Set up as one process, then torch.distributed runs 2 ranks: iterating is refused."""
-    context = multiprocessing.get_context("fork")
-    answers = context.Queue()
-    ranks = [
-        context.Process(target=_set_up_then_join, args=(rank, str(tmp_path / "store"), answers))
-        for rank in range(2)
-    ]
-    for process in ranks:
-        process.start()
-    results = [answers.get(timeout=60) for _ in range(6)]
-    for process in ranks:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    results = run_forked_ranks(_set_up_then_join, tmp_path / "store", answers_per_rank=3)
     for rank, name, message in results:
         assert "every rank would read all the data" in message, (rank, name, message)
         assert "after init_process_group" in message
@@ -361,21 +351,7 @@ def _made_under_torchrun_before_init(rank: int, store_file: str, answers) -> Non
 def test_a_loader_made_under_torchrun_before_init_process_group_still_evens_the_epoch(tmp_path):
     """RANK/WORLD_SIZE give the ranks before the process group is up; the default
     even_batches is decided at the first epoch, when it is, so no rank takes an extra step."""
-    context = multiprocessing.get_context("fork")
-    answers = context.Queue()
-    ranks = [
-        context.Process(
-            target=_made_under_torchrun_before_init,
-            args=(rank, str(tmp_path / "store"), answers),
-        )
-        for rank in range(2)
-    ]
-    for process in ranks:
-        process.start()
-    results = sorted(answers.get(timeout=60) for _ in range(2))
-    for process in ranks:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    results = run_forked_ranks(_made_under_torchrun_before_init, tmp_path / "store")
     assert [even for _, even, _, _ in results] == [True, True]
     assert [len(batches) for _, _, batches, _ in results] == [3, 3]  # rank 0 had 4 batches
     assert all(topology["even_batches"] for _, _, _, topology in results)
