@@ -247,7 +247,7 @@ class _CountedStream(_ReadOnlyStream):
         raise io.UnsupportedOperation(f"{type(self).__name__} cannot seek from its end")
 
 
-class RetryingFile(_ReadOnlyStream):
+class RetryingFile(_CountedStream):
     """A read-only file that reopens itself and retries a failed read a bounded number of times.
 
     ``opener()`` returns a fresh binary file at its start. Each read that
@@ -313,20 +313,15 @@ class RetryingFile(_ReadOnlyStream):
             self._positioned = True
         return self._file
 
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
+    def _end(self) -> int:
+        end = self._attempt(lambda: self._here().seek(0, io.SEEK_END))
+        self._positioned = False  # the handle is at its end now, not at self._pos
+        return end
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_CUR:
-            offset += self._pos
-        elif whence == io.SEEK_END:
-            offset = self._attempt(lambda: self._here().seek(offset, io.SEEK_END))
-            self._pos, self._positioned = offset, True
-        if offset != self._pos:
-            self._pos, self._positioned = offset, False
+        target = self._target(offset, whence)
+        if target != self._pos:
+            self._pos, self._positioned = target, False
         return self._pos
 
     def read(self, size: int = -1) -> bytes:
