@@ -11,7 +11,7 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -128,7 +128,7 @@ class _Handler(SimpleHTTPRequestHandler):
     def copyfile(self, source, outputfile) -> None:  # noqa: ANN001
         """A client that read what it needed and hung up is not an error (no traceback)."""
         cut = self.server_state.take_cut()
-        try:
+        with suppress(BrokenPipeError, ConnectionResetError):
             if cut is None:
                 super().copyfile(source, outputfile)
                 return
@@ -136,8 +136,6 @@ class _Handler(SimpleHTTPRequestHandler):
             outputfile.flush()
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)  # mid-body: the client sees a reset
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
     def do_HEAD(self) -> None:  # noqa: N802
         status = self.server_state.take_failure()

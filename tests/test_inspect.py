@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import warnings
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -63,10 +64,8 @@ def recipe(tmp_path):
 def mid_epoch_state(pipe, items: int, *, epochs_before: int = 0, **options) -> dict:
     loader = dp.Loader(pipe, seed=7, **options)
     for _ in range(epochs_before):
-        for _ in loader:
-            pass
-    for _, _ in zip(range(items), loader):
-        pass
+        list(loader)  # a whole epoch
+    list(islice(loader, items))
     state = loader.state_dict()
     loader.close()
     return state
@@ -206,8 +205,7 @@ def test_dcp_directory(tmp_path, capsys):
 
     pipe = dp.range(100).shuffle().batch(4)
     loader = dp.Loader(pipe, seed=5)
-    for _, _ in zip(range(6), loader):
-        pass
+    list(islice(loader, 6))
     model = torch.nn.Linear(3, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -480,6 +480,7 @@ def test_process_method_runs_in_other_processes():
     assert [x for x, _ in out] == list(range(40))
     pids = {pid for _, pid in out}
     assert os.getpid() not in pids
+    # the pool has 3 processes; adaptive tasks may leave some of them without work
     assert 1 <= len(pids) <= 3
 
 
