@@ -360,7 +360,8 @@ class ForwardOnlyFile(_CountedStream):
     again from its start. A seek from the end asks for the size, or, when the
     server gave none, reads to the end once to learn it. So a resume at byte
     offset ``n`` downloads the first ``n`` bytes again, and a zip (``.npz``),
-    which is read from its end, is downloaded about twice per member.
+    which is read from its end, is downloaded about twice per member. A read
+    returns as many bytes as asked for, fewer only at the end of the file.
     """
 
     def __init__(
@@ -400,7 +401,9 @@ class ForwardOnlyFile(_CountedStream):
         self._move_to(self._pos)
         if self._at < self._pos:  # past the end
             return b""
-        data = self._file.read() if size is None or size < 0 else self._file.read(size)
+        # A stream returns what has arrived, which may be less than asked; callers such as
+        # zipfile take a short read for the end of the file, so fill it.
+        data = self._file.read() if size is None or size < 0 else read_full(self._file, size)
         self._at += len(data)
         self._pos = self._at
         return data

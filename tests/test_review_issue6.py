@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +52,16 @@ class _CountingHandler(_Handler):
         with self.server_state._lock:
             self.server_state.gets = getattr(self.server_state, "gets", 0) + 1
         super().do_GET()
+
+
+class _TricklingHandler(_Handler):
+    """Sends the body in small pieces with pauses, so a client's reads find part of it."""
+
+    def copyfile(self, source, outputfile) -> None:  # noqa: ANN001
+        while piece := source.read(512):
+            outputfile.write(piece)
+            outputfile.flush()
+            time.sleep(0.001)
 
 
 @contextmanager
@@ -129,6 +140,23 @@ def test_a_stream_is_positioned_after_a_cut_mid_seek(tmp_path):
         server.cut_next(1, after=5000)
         with source.open(len(data) // 2) as f:
             assert f.read(len(data)) == data[len(data) // 2 :]
+
+
+def test_a_read_of_a_stream_returns_what_was_asked_for_not_what_has_arrived(tmp_path):
+    """Bug: a read of a no-range file returned the bytes that had arrived so far, and a
+    caller that takes a short read for the end of the file (zipfile) saw it truncated."""
+    records = jsonl_records(300, seed=4)
+    write_jsonl(tmp_path, "a.jsonl", records)
+    data = (tmp_path / "a.jsonl").read_bytes()
+    arrays = {"x": np.arange(4000, dtype=np.int64).reshape(1000, 4), "y": np.arange(1000)}
+    write_npz(tmp_path, "b.npz", arrays)
+    with _serve(tmp_path, _TricklingHandler, announce_no_ranges=True) as server:
+        source = SourceFile(f"{server.url}/a.jsonl", {}, retries=0, block_size=4096)
+        with source.open(100) as f:
+            assert f.read(len(data)) == data[100:]
+        rows = list(dp.Loader(dp.files(f"{server.url}/b.npz").read_npy()))
+    assert [int(r["y"]) for r in rows] == list(range(1000))
+    assert np.array_equal(np.stack([r["x"] for r in rows]), arrays["x"])
 
 
 # ----- apply_node ------------------------------------------------------------------------------
