@@ -383,8 +383,9 @@ class ForwardOnlyFile(_CountedStream):
         if self._length is None:
             self._length = self._size()
         if self._length is None:  # no size given: the end is where the stream ends
-            self._move_to(sys.maxsize)
-        return self._length if self._length is not None else self._at
+            self._move_to(sys.maxsize)  # sets self._length when it gets there
+        assert self._length is not None
+        return self._length
 
     def _move_to(self, target: int) -> None:
         if target < self._at:
