@@ -29,7 +29,12 @@ class FileServer:
     """
 
     def __init__(
-        self, root: Path, *, ranges: bool = True, announce_no_ranges: bool = False
+        self,
+        root: Path,
+        *,
+        ranges: bool = True,
+        announce_no_ranges: bool = False,
+        handler: type[_Handler] | None = None,
     ) -> None:
         self.root = root
         self.ranges = ranges and not announce_no_ranges
@@ -41,8 +46,8 @@ class FileServer:
         self.failures_left = 0
         self.fail_status = 503
         self._lock = threading.Lock()
-        handler = partial(_Handler, directory=str(root), server_state=self)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        answer = partial(handler or _Handler, directory=str(root), server_state=self)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), answer)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -147,10 +152,19 @@ class _Handler(SimpleHTTPRequestHandler):
 
 @contextmanager
 def serve(
-    root: Path, *, ranges: bool = True, announce_no_ranges: bool = False
+    root: Path,
+    *,
+    ranges: bool = True,
+    announce_no_ranges: bool = False,
+    handler: type[_Handler] | None = None,
 ) -> Iterator[FileServer]:
-    """Serve ``root`` for the duration of the block (``ranges=False``: no Range support)."""
-    server = FileServer(root, ranges=ranges, announce_no_ranges=announce_no_ranges).start()
+    """Serve ``root`` for the duration of the block (``ranges=False``: no Range support).
+
+    ``handler``: a subclass of the server's request handler, to change how it answers.
+    """
+    server = FileServer(
+        root, ranges=ranges, announce_no_ranges=announce_no_ranges, handler=handler
+    ).start()
     try:
         yield server
     finally:

@@ -480,8 +480,9 @@ def test_process_method_runs_in_other_processes():
     assert [x for x, _ in out] == list(range(40))
     pids = {pid for _, pid in out}
     assert os.getpid() not in pids
-    # the pool has 3 processes; adaptive tasks may leave some of them without work
-    assert 1 <= len(pids) <= 3
+    # no more processes than the pool's 3 (adaptive tasks may leave some of them idle, so
+    # fewer is fine; at least one is implied by the items above)
+    assert len(pids) <= 3
 
 
 def test_thread_method_runs_on_other_threads():

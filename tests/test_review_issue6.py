@@ -9,18 +9,14 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import fsspec.asyn
 import numpy as np
 import pytest
 import torch
 from file_fixtures import jsonl_records, write_jsonl, write_npz
-from http_server import FileServer, _Handler
+from http_server import _Handler, serve
 from subprocess_helpers import run_forked_ranks
 
 import datapipes as dp
@@ -64,18 +60,6 @@ class _TricklingHandler(_Handler):
             time.sleep(0.001)
 
 
-@contextmanager
-def _serve(root: Path, handler: type, **options: Any) -> Iterator[FileServer]:
-    fsspec.asyn.get_loop()
-    server = FileServer(root, **options)
-    server._server.RequestHandlerClass = partial(handler, directory=str(root), server_state=server)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 # ----- HTTP servers without Range support ------------------------------------------------------
 
 
@@ -83,7 +67,7 @@ def test_a_file_split_across_ranks_on_a_server_without_size_reads_every_record_o
     """README: a server that gives no size is read as a stream and the records are the same."""
     records = jsonl_records(400, seed=1)
     write_jsonl(tmp_path, "a.jsonl", records)
-    with _serve(tmp_path, _NoSizeHandler, ranges=False) as server:
+    with serve(tmp_path, handler=_NoSizeHandler, ranges=False) as server:
         pipe = dp.files(f"{server.url}/a.jsonl").read_jsonl()
         assert list(dp.Loader(pipe)) == records  # one consumer: fine
         # one file, two consumers: split by byte ranges, which asks for the size
@@ -95,7 +79,7 @@ def test_a_file_split_across_ranks_on_a_server_without_size_reads_every_record_o
 def test_an_npz_on_a_server_without_size_is_read_not_called_a_bad_archive(tmp_path):
     """A valid .npz on a server that sends no Content-Length reads (not 'not a .npz archive')."""
     rows = write_npz(tmp_path, "a.npz", {"x": np.arange(20).reshape(10, 2), "y": np.arange(10)})
-    with _serve(tmp_path, _NoSizeHandler, ranges=False) as server:
+    with serve(tmp_path, handler=_NoSizeHandler, ranges=False) as server:
         got = list(dp.Loader(dp.files(f"{server.url}/a.npz").read_npy()))
     assert len(got) == len(rows)
     assert all(np.array_equal(g["x"], w["x"]) and g["y"] == w["y"] for g, w in zip(got, rows))
@@ -105,7 +89,7 @@ def test_an_npz_read_by_rows_from_a_stream_is_downloaded_about_once_per_member(t
     """ForwardOnlyFile's doc: an .npz is downloaded about once per member, not once per block."""
     n = 20_000
     write_npz(tmp_path, "a.npz", {"x": np.zeros((n, 8), np.float32), "y": np.arange(n)})
-    with _serve(tmp_path, _CountingHandler, announce_no_ranges=True) as server:
+    with serve(tmp_path, handler=_CountingHandler, announce_no_ranges=True) as server:
         files = FileSet(f"{server.url}/a.npz", {})
         node = FileReaderNode(files, NpyFormat(block_bytes=1 << 14), Context())  # ~50 blocks
         node.reset(None)
@@ -122,7 +106,7 @@ def test_a_read_is_retried_when_reopening_the_file_fails_too(tmp_path):
     records = jsonl_records(300, seed=2)
     write_jsonl(tmp_path, "a.jsonl", records)
     data = (tmp_path / "a.jsonl").read_bytes()
-    with _serve(tmp_path, _Handler) as server:
+    with serve(tmp_path) as server:
         source = SourceFile(f"{server.url}/a.jsonl", {}, retries=3, block_size=4096)
         with source.open(0) as f:
             # the read's GET, then the reopen's HEAD and GET, answer 503
@@ -135,7 +119,7 @@ def test_a_stream_is_positioned_after_a_cut_mid_seek(tmp_path):
     records = jsonl_records(600, seed=3)
     write_jsonl(tmp_path, "a.jsonl", records)
     data = (tmp_path / "a.jsonl").read_bytes()
-    with _serve(tmp_path, _Handler, announce_no_ranges=True) as server:
+    with serve(tmp_path, announce_no_ranges=True) as server:
         source = SourceFile(f"{server.url}/a.jsonl", {}, retries=3, block_size=4096)
         server.cut_next(1, after=5000)
         with source.open(len(data) // 2) as f:
@@ -150,7 +134,7 @@ def test_a_read_of_a_stream_returns_what_was_asked_for_not_what_has_arrived(tmp_
     data = (tmp_path / "a.jsonl").read_bytes()
     arrays = {"x": np.arange(4000, dtype=np.int64).reshape(1000, 4), "y": np.arange(1000)}
     write_npz(tmp_path, "b.npz", arrays)
-    with _serve(tmp_path, _TricklingHandler, announce_no_ranges=True) as server:
+    with serve(tmp_path, handler=_TricklingHandler, announce_no_ranges=True) as server:
         source = SourceFile(f"{server.url}/a.jsonl", {}, retries=0, block_size=4096)
         with source.open(100) as f:
             assert f.read(len(data)) == data[100:]
