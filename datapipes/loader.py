@@ -2,34 +2,25 @@
 
 from __future__ import annotations
 
-import difflib
-import json
 import weakref
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
+from datapipes import checkpoint
+from datapipes.checkpoint import STATE_VERSION, StateMismatchError  # noqa: F401 - re-exported
 from datapipes.pipe import DataPipe
 from datapipes.progress import EpochClock, ProgressBar, progress_bar_class
 from datapipes.stats import PipelineStats, merge_rows
 from datapipes.topology import resolve_topology
-from datapipes.workers import (
-    even_batches_agreement,
-    even_batches_on,
-    runtime_recipe,
-    worker_skip_counts,
-    worker_states,
-)
+from datapipes.even_batches import even_batches_agreement, even_batches_on
+from datapipes.workers import runtime_recipe, worker_skip_counts, worker_states
 from nodes import Context, Node
 from nodes.even import EvenBatchesNode, RankAgreement
 from nodes.stats import StatsNode, clear_stats, graph_stats
 
 #: The statistics key of the Loader's own row: what the training loop waited for.
 LOADER_KEY = "loader"
-
-#: 3: shuffles of up to 65,536 items draw uniform permutations, unlike version 2's
-#: (so a version-2 position would land in another order). The layout is version 2's.
-STATE_VERSION = 3
 
 _DATALOADER_OPTIONS = frozenset(
     {
@@ -41,10 +32,6 @@ _DATALOADER_OPTIONS = frozenset(
         "persistent_workers",
     }
 )
-
-
-class StateMismatchError(ValueError):
-    """A checkpoint does not belong to this Loader's recipe or topology."""
 
 
 class Loader:
@@ -332,51 +319,35 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """The position of the whole pipeline: plain data (json / ``weights_only`` safe).
 
-        Layout::
-
-            {"version": 3, "fingerprint": "...", "steps": [...], "seed": 0,
-             "topology": {"world_size": 2, "num_workers": 4},
-             "ranks": {"1": {"epoch": 3, "node": "<this rank's node states, as JSON>"}}}
-
-        What all ranks share sits at the top; this rank's position sits under
-        its own key in ``ranks``, and the node states are one JSON string. So
-        the layout is the same before and after a checkpoint is loaded, and in
-        a ``torch.distributed.checkpoint`` save every rank writes its own
-        position under its own key (the shared keys are identical on all
-        ranks). States of several ranks can be merged into one ``ranks`` dict.
+        What all ranks share (version, fingerprint, steps, seed, topology) sits
+        at the top; this rank's epoch and node states sit under its own key in
+        ``state["ranks"]``, so in a ``torch.distributed.checkpoint`` save every
+        rank writes its own position. The layout is :mod:`datapipes.checkpoint`'s.
         """
         running = self._running_epoch is not None and self._root is not None
         # Loaded but not iterated yet: the loaded position is still the position.
         node = self._root.state_dict() if running else self._pending  # type: ignore[union-attr]
         epoch = self._running_epoch if running else self._next_epoch
-        return {
-            "version": STATE_VERSION,
-            "fingerprint": self._fingerprint,
-            "steps": list(self._steps),
-            "seed": self.seed,
-            "topology": self._topology_record(),
-            "ranks": {
-                str(self.rank): {
-                    "epoch": epoch,
-                    "node": None if node is None else json.dumps(node, separators=(",", ":")),
-                }
-            },
-        }
+        return checkpoint.make_state(
+            fingerprint=self._fingerprint,
+            steps=self._steps,
+            seed=self.seed,
+            topology=self._topology_record(),
+            rank=self.rank,
+            epoch=epoch,  # type: ignore[arg-type]
+            node=node,
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration resumes the saved epoch where it stopped."""
-        self._check(state)
-        mine = state["ranks"][str(self.rank)]
-        self._next_epoch = int(mine["epoch"])
-        self._pending = None if mine["node"] is None else json.loads(mine["node"])
+        checkpoint.check_recipe_of(state, self._fingerprint, self._steps)
+        self._adopt_undecided_even_batches(state)  # before the topology is compared
+        checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
+        self._next_epoch, self._pending = checkpoint.rank_position(state, self.rank)
         self._running_epoch = None
 
     def _topology_record(self) -> dict[str, Any]:
-        return {
-            "world_size": self.world_size,
-            "num_workers": self.num_workers,
-            "even_batches": self.even_batches,
-        }
+        return checkpoint.topology_record(self.world_size, self.num_workers, self.even_batches)
 
     def _adopt_undecided_even_batches(self, state: dict[str, Any]) -> None:
         """Before the process group is up, the default follows the checkpoint being loaded."""
@@ -384,46 +355,3 @@ class Loader:
         saved = state.get("topology", {}).get("even_batches")
         if self._even_batches is None and undecided and isinstance(saved, bool):
             self._even_batches = saved
-
-    def _check(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            found = state.get("version") if isinstance(state, dict) else type(state).__name__
-            hint = ""
-            if isinstance(found, int) and found < STATE_VERSION:
-                hint = (
-                    ": it was saved by an older datapipes, whose shuffles ordered items "
-                    "differently, so it cannot resume exactly; restart the epoch "
-                    "(set_epoch) or resume with the version that saved it"
-                )
-            raise StateMismatchError(
-                f"not a datapipes Loader state of version {STATE_VERSION} (found {found!r})" + hint
-            )
-        if state["fingerprint"] != self._fingerprint:
-            raise StateMismatchError(
-                "this checkpoint was taken with a different recipe:\n"
-                + _explain_difference(list(state["steps"]), self._steps)
-            )
-        self._adopt_undecided_even_batches(state)
-        topology = state["topology"]
-        ours = self._topology_record()
-        if topology != ours or str(self.rank) not in state["ranks"]:
-            saved_ranks = sorted(int(rank) for rank in state["ranks"])
-            raise StateMismatchError(
-                f"this checkpoint was taken with topology {topology} and holds rank(s) "
-                f"{saved_ranks}, but this Loader is rank {self.rank} with {ours}; resume "
-                "with the same world size, number of workers and even_batches, each rank from "
-                "its own state"
-            )
-        if state["seed"] != self.seed:
-            raise StateMismatchError(
-                f"this checkpoint was taken with seed={state['seed']}, this Loader has "
-                f"seed={self.seed}; the resumed order would differ. Pass seed={state['seed']}."
-            )
-
-
-def _explain_difference(saved: list[str], current: list[str]) -> str:
-    lines = []
-    for line in difflib.unified_diff(saved, current, "checkpoint recipe", "this recipe", n=1):
-        if not line.startswith("@@"):
-            lines.append("  " + line.rstrip("\n"))
-    return "\n".join(lines)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from datapipes import checkpoint
 from datapipes.inspect.graph import RecipeGraph, recipe_graph
 from datapipes.inspect.shapes import worker_states
 from datapipes.inspect.states import decode_state, saved_setup
-from datapipes.loader import Loader, StateMismatchError, _explain_difference
+from datapipes.loader import Loader, StateMismatchError
 from datapipes.pipe import DataPipe
 from nodes import FileListNode, FileReaderNode, Node
 
@@ -22,7 +23,7 @@ def explain_difference(saved_steps: list[str], current_steps: list[str]) -> str:
       -batch(2)
       +batch(3)
     """
-    return _explain_difference(list(saved_steps), list(current_steps))
+    return checkpoint.explain_difference(saved_steps, current_steps)
 
 
 def check_recipe(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from datapipes.checkpoint import STATE_VERSION
 from datapipes.inspect.graph import RecipeGraph, recipe_graph
 from datapipes.inspect.recipe_check import check_recipe
 from datapipes.inspect.states import decode_state, find_loader_states, top_level
 from datapipes.inspect.tree import Writer, scalar
-from datapipes.loader import STATE_VERSION
 from datapipes.pipe import DataPipe
 
 
