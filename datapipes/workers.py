@@ -1,10 +1,12 @@
-"""How a Loader lays a recipe out over worker processes, the main process and the ranks."""
+"""The worker plan: which steps of a recipe run in DataLoader workers, which in this process.
+
+Also reads back what the workers report (their states, skip counts).
+"""
 
 from __future__ import annotations
 
 import multiprocessing
 import pickle
-from itertools import chain
 from typing import Any
 
 from datapipes.pipe import DataPipe
@@ -12,9 +14,8 @@ from datapipes.placement import check_replay_order, rebuild_on, split_main_steps
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from nodes import Context, Node
-from nodes.base import every_consumer, walk_graph
+from nodes.base import walk_graph
 from nodes.errors import skip_counts
-from nodes.even import CollectiveAgreement, CountedAgreement, RankAgreement
 from nodes.workers import WorkerStreamNode
 
 
@@ -109,84 +110,3 @@ def worker_skip_counts(root: Node[Any] | None) -> dict[str, int]:
         for step, count in state.get("skipped", {}).items():
             counts[step] = counts.get(step, 0) + count
     return counts
-
-
-_COUNT_PRESERVING = ("map", "shuffle", "prefetch", "pin_memory", "to_device")
-
-
-def items_per_rank(
-    pipe: DataPipe[Any], world_size: int, num_workers: int, seed: int, epoch: int
-) -> list[int]:
-    """How many items each rank's Loader yields in ``epoch``, computed without communication.
-
-    From :meth:`DataPipe.consumer_length` when the recipe's counts are known
-    (sequences and count-keeping steps: no data is read), else by running
-    every consumer's part of the pipeline and counting (a full pass over the
-    epoch's data). Used by ``even_batches`` when ranks cannot talk through
-    ``torch.distributed``.
-    """
-    worker_part, main_steps = split_main_steps(pipe)
-    changing = [step for step in main_steps if step.name not in _COUNT_PRESERVING]
-    if changing:
-        raise ValueError(
-            f"even_batches without torch.distributed counts items in the workers, but "
-            f".{changing[0].describe_step()} runs in the main process and changes the count; "
-            "move it before pin_memory()/to_device(), or initialize torch.distributed"
-        )
-    counts = [0] * world_size
-    for ctx in every_consumer(world_size, max(num_workers, 1), epoch=epoch, seed=seed):
-        known = worker_part.consumer_length(ctx)
-        counts[ctx.rank] += _count_by_running(worker_part, ctx) if known is None else known
-    return counts
-
-
-def _count_by_running(pipe: DataPipe[Any], ctx: Context) -> int:
-    root = pipe.build(ctx)
-    try:
-        root.reset(None)
-        return sum(1 for _ in chain(root))
-    finally:
-        root.close()
-
-
-def even_batches_on(even_batches: bool | None, topology: Topology) -> bool | None:
-    """Whether every rank must yield the same number of items; ``None``: not decidable yet.
-
-    The default (``even_batches=None``) is on when ``torch.distributed`` runs
-    more than one rank, which may only be known later than the Loader is
-    made: under ``torchrun`` a Loader made before ``init_process_group`` has
-    its ranks from ``RANK``/``WORLD_SIZE``. Until the process group is up that
-    default is ``None``, and the Loader decides at its first epoch (or takes
-    the value of a checkpoint it loads). Ranks given as arguments without a
-    process group decide now: off.
-    """
-    import torch.distributed as dist
-
-    if topology.world_size == 1:
-        return False
-    if even_batches is not None:
-        return bool(even_batches)
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size() > 1
-    return None if topology.origin == "RANK/WORLD_SIZE" else False
-
-
-def even_batches_agreement(
-    pipe: DataPipe[Any], topology: Topology, num_workers: int, seed: int
-) -> RankAgreement:
-    """How ranks agree to stop together: through torch.distributed, else by counting.
-
-    Under ``torch.distributed`` this makes a gloo group when the default
-    backend is another one, which is collective: every rank calls it at the
-    same point (its first epoch).
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        # A gloo group of its own, so the agreement never queues behind NCCL work on the GPU.
-        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-        return CollectiveAgreement(group)
-    world = topology.world_size
-    return CountedAgreement(
-        lambda epoch: items_per_rank(pipe, world, num_workers, seed, epoch), topology.rank
-    )
