@@ -96,6 +96,7 @@ def node_of(state: dict, rank: str = "0") -> dict:
 # ----- the CLI in a real process -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_torch_save_checkpoint_mid_epoch_shows_epoch_fingerprint_and_reader(recipe, tmp_path):
     path, pipe = recipe
     state = mid_epoch_state(pipe, 500, epochs_before=1)  # epoch 1, 2,000 records in
@@ -130,6 +131,7 @@ def test_torch_save_checkpoint_mid_epoch_shows_epoch_fingerprint_and_reader(reci
     assert reader_line.startswith(" " * (indent + 2) + "anchor: ")
 
 
+@pytest.mark.slow
 def test_recipe_with_the_same_recipe_labels_and_exits_0(recipe, tmp_path):
     path, pipe = recipe
     torch.save({"data": mid_epoch_state(pipe, 100)}, tmp_path / "ckpt.pt")
@@ -156,6 +158,7 @@ def test_missing_file_is_a_usage_error_naming_the_path(tmp_path, capsys):
     assert exited.value.code == 2
 
 
+@pytest.mark.slow
 def test_two_workers_show_each_worker_and_the_next_one(recipe, tmp_path, capsys):
     path, pipe = recipe
     state = mid_epoch_state(pipe, 45, num_workers=2)  # past the first snapshot (32 items)
@@ -330,6 +333,7 @@ def test_recipe_changed_or_with_another_seed_exits_1(recipe, tmp_path, capsys):
     assert code == 2 and "expected a DataPipe" in err
 
 
+@pytest.mark.slow
 def test_a_worker_that_has_not_read_yet_is_at_the_start_of_the_epoch():
     from datapipes.inspect import describe_checkpoint
 
