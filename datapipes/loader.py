@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
 from datapipes import checkpoint
 from datapipes.checkpoint import STATE_VERSION, StateMismatchError  # noqa: F401 - re-exported
+from datapipes.epochs import EpochCursor, EpochRun
+from datapipes.even_batches import EvenBatchesPolicy
 from datapipes.pipe import DataPipe
 from datapipes.progress import EpochClock, ProgressBar, progress_bar_class
 from datapipes.stats import PipelineStats, merge_rows
 from datapipes.topology import resolve_topology
-from datapipes.even_batches import even_batches_agreement, even_batches_on
 from datapipes.workers import runtime_recipe, worker_skip_counts, worker_states
 from nodes import Context, Node
-from nodes.even import EvenBatchesNode, RankAgreement
 from nodes.stats import StatsNode, clear_stats, graph_stats
 
 #: The statistics key of the Loader's own row: what the training loop waited for.
@@ -32,6 +31,30 @@ _DATALOADER_OPTIONS = frozenset(
         "persistent_workers",
     }
 )
+
+
+def _check_arguments(pipe: Any, num_workers: Any, dataloader_options: dict[str, Any]) -> None:
+    """Refuse, saying what to pass instead, arguments a Loader cannot run with."""
+    if not isinstance(pipe, DataPipe):
+        raise TypeError(
+            f"Loader takes a DataPipe recipe, got {type(pipe).__name__}; build one with "
+            "dp.from_sequence(...), dp.range(...) or dp.from_iterable(...)"
+        )
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+    unknown = set(dataloader_options) - _DATALOADER_OPTIONS
+    if unknown:
+        raise TypeError(
+            f"Loader got unexpected arguments {sorted(unknown)}; DataLoader options it "
+            f"passes on are {sorted(_DATALOADER_OPTIONS)}"
+        )
+    if dataloader_options and num_workers == 0:
+        raise ValueError(
+            f"{sorted(dataloader_options)} configure worker processes: set num_workers > 0"
+        )
+    prefetch_factor = dataloader_options.get("prefetch_factor", 2)
+    if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+        raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
 
 
 class Loader:
@@ -103,23 +126,7 @@ class Loader:
         progress: bool = False,
         **dataloader_options: Any,
     ) -> None:
-        if not isinstance(pipe, DataPipe):
-            raise TypeError(
-                f"Loader takes a DataPipe recipe, got {type(pipe).__name__}; build one with "
-                "dp.from_sequence(...), dp.range(...) or dp.from_iterable(...)"
-            )
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
-        unknown = set(dataloader_options) - _DATALOADER_OPTIONS
-        if unknown:
-            raise TypeError(
-                f"Loader got unexpected arguments {sorted(unknown)}; DataLoader options it "
-                f"passes on are {sorted(_DATALOADER_OPTIONS)}"
-            )
-        if dataloader_options and num_workers == 0:
-            raise ValueError(
-                f"{sorted(dataloader_options)} configure worker processes: set num_workers > 0"
-            )
+        _check_arguments(pipe, num_workers, dataloader_options)
         if pin_memory:
             pipe = pipe.pin_memory()
         if device is not None:
@@ -139,38 +146,24 @@ class Loader:
         self._context = Context(
             rank=self.rank, world_size=self.world_size, seed=self.seed, stats=self.collects_stats
         )
-        prefetch_factor = dataloader_options.get("prefetch_factor", 2)
-        if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
         self._runtime_pipe = runtime_recipe(
             pipe, self.topology, self.seed, num_workers, dataloader_options, stats=stats
         )
-        self._even_batches_arg = even_batches
-        self._even_batches: bool | None = None  # pinned once decided (see even_batches_on)
-        self._agreement: RankAgreement | None = None  # made at the first epoch, then kept
-        self._root: Node[Any] | None = None
-        self._next_epoch = 0
-        self._pending: dict[str, Any] | None = None
-        self._running_epoch: int | None = None
-        self._run_id = 0
-        self._live_run: weakref.ref[Iterator[Any]] | None = None
+        self._even = EvenBatchesPolicy(even_batches, pipe, self.topology, num_workers, self.seed)
+        self._cursor = EpochCursor()
+        self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
         self._clock = EpochClock()
         self._closed_stats: PipelineStats | None = None
-        self._last_epoch = 0
 
     # ----- iteration -----------------------------------------------------------
     @property
     def epoch(self) -> int:
         """The epoch that is running, or the one the next iteration will run."""
-        return self._next_epoch if self._running_epoch is None else self._running_epoch
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` from its start."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self._next_epoch = int(epoch)
-        self._pending = None
-        self._running_epoch = None
+        self._cursor.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         self.topology.check_against_torch_distributed()  # set up before init_process_group?
@@ -178,18 +171,12 @@ class Loader:
         if root is None:
             root = self._root = self._build()
             self._closed_stats = None
-        epoch = self._next_epoch
-        self._context.epoch = epoch
+        run = self._cursor.next_run()
+        self._context.epoch = run.epoch
         clear_stats(root)  # statistics are per epoch (and start again at a resume)
-        root.reset(self._pending)
-        self._pending = None
-        self._running_epoch = epoch
-        self._last_epoch = epoch
-        self._next_epoch = epoch + 1
-        self._run_id += 1
-        run = self._run(root, self._run_id)
-        self._live_run = weakref.ref(run)
-        return run
+        root.reset(run.resume_from)
+        self._cursor.begin(run)  # only now: a position the graph refused stays pending
+        return self._cursor.watch(self._run(root, run))
 
     @property
     def even_batches(self) -> bool:
@@ -198,27 +185,16 @@ class Loader:
         With the default ``even_batches=None`` on several ranks this is decided
         once ``torch.distributed`` is initialized, or at the first epoch.
         """
-        if self._even_batches is None:
-            self._even_batches = even_batches_on(self._even_batches_arg, self.topology)
-        return bool(self._even_batches)
+        return self._even.value
 
     def _build(self) -> Node[Any]:
-        root = self._runtime_pipe.build(self._context)
-        self._even_batches = self.even_batches  # the first epoch decides for good
-        if self._even_batches:
-            if self._agreement is None:  # once: under NCCL it makes a gloo group
-                self._agreement = even_batches_agreement(
-                    self.pipe, self.topology, self.num_workers, self.seed
-                )
-            context = self._context
-            root = EvenBatchesNode(
-                root, self._agreement, rank=self.rank, epoch=lambda: context.epoch
-            )
+        context = self._context
+        root = self._even.wrap(self._runtime_pipe.build(context), lambda: context.epoch)
         if self.collects_stats:  # what the training loop waits for: everything above
             root = StatsNode(root, LOADER_KEY, "Loader", sample_every=1)  # few outputs: all
         return root
 
-    def _run(self, root: Node[Any], run_id: int) -> Iterator[Any]:
+    def _run(self, root: Node[Any], run: EpochRun) -> Iterator[Any]:
         items = iter(root)
         if hasattr(items, "close"):
             # `yield from` forwards close() to an iterator that has one. When an abandoned
@@ -228,21 +204,20 @@ class Loader:
         self._clock.start()
         bar = None
         if self.progress:
-            bar = ProgressBar(self.epoch, self.pipe, progress_bar_class())
+            bar = ProgressBar(run.epoch, self.pipe, progress_bar_class())
             items = bar.wrap(items)
         try:
             yield from items
         except GeneratorExit:
-            if self._run_id == run_id:  # abandoned mid-epoch: free threads and files now
+            if self._cursor.is_current(run):  # abandoned mid-epoch: free threads and files now
                 root.close()
             raise
         finally:
-            if self._run_id == run_id:  # not an abandoned iterator of an earlier epoch
+            if self._cursor.is_current(run):  # not an abandoned iterator of an earlier epoch
                 self._clock.stop()
             if bar is not None:
                 bar.close()
-        if self._run_id == run_id:
-            self._running_epoch = None
+        self._cursor.finish(run)
 
     def stats(self) -> PipelineStats:
         """Per-step statistics of the current (or last) epoch; ``print()`` it for a table.
@@ -269,7 +244,7 @@ class Loader:
         steps += merge_rows("main", [[row for row in rows if row["key"] != LOADER_KEY]])
         return PipelineStats(
             steps=steps,
-            epoch=self._last_epoch,
+            epoch=self._cursor.last,
             delivered=loader[0]["items"] if loader else 0,
             elapsed_seconds=self._clock.seconds(),
             loader_wait_seconds=loader[0]["seconds"] if loader else 0.0,
@@ -297,17 +272,11 @@ class Loader:
         state before it, and the next iteration continues the interrupted epoch.
         """
         if self._root is not None:
-            if self._running_epoch is not None:
-                self._pending = self._root.state_dict()
-                self._next_epoch = self._running_epoch
-            run = self._live_run() if self._live_run is not None else None
-            if run is not None:
-                run.close()  # an iterator kept from before close() ends instead of going on
+            self._cursor.suspend(self._root.state_dict)  # also ends an iterator kept from before
             self._root.close()
             if self.collects_stats:  # the last epoch's statistics outlive the graph
                 self._closed_stats = self.stats()
             self._root = None
-        self._running_epoch = None
 
     def __enter__(self) -> Loader:
         return self
@@ -324,34 +293,24 @@ class Loader:
         ``state["ranks"]``, so in a ``torch.distributed.checkpoint`` save every
         rank writes its own position. The layout is :mod:`datapipes.checkpoint`'s.
         """
-        running = self._running_epoch is not None and self._root is not None
-        # Loaded but not iterated yet: the loaded position is still the position.
-        node = self._root.state_dict() if running else self._pending  # type: ignore[union-attr]
-        epoch = self._running_epoch if running else self._next_epoch
+        root = self._root
+        epoch, node = self._cursor.position(None if root is None else root.state_dict)
         return checkpoint.make_state(
             fingerprint=self._fingerprint,
             steps=self._steps,
             seed=self.seed,
             topology=self._topology_record(),
             rank=self.rank,
-            epoch=epoch,  # type: ignore[arg-type]
+            epoch=epoch,
             node=node,
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration resumes the saved epoch where it stopped."""
         checkpoint.check_recipe_of(state, self._fingerprint, self._steps)
-        self._adopt_undecided_even_batches(state)  # before the topology is compared
+        self._even.adopt(state.get("topology", {}).get("even_batches"))  # before it is compared
         checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
-        self._next_epoch, self._pending = checkpoint.rank_position(state, self.rank)
-        self._running_epoch = None
+        self._cursor.restore(*checkpoint.rank_position(state, self.rank))
 
     def _topology_record(self) -> dict[str, Any]:
         return checkpoint.topology_record(self.world_size, self.num_workers, self.even_batches)
-
-    def _adopt_undecided_even_batches(self, state: dict[str, Any]) -> None:
-        """Before the process group is up, the default follows the checkpoint being loaded."""
-        undecided = even_batches_on(self._even_batches_arg, self.topology) is None
-        saved = state.get("topology", {}).get("even_batches")
-        if self._even_batches is None and undecided and isinstance(saved, bool):
-            self._even_batches = saved
