@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from datapipes.describe import describe
+from datapipes.identity import plain
 from datapipes.pipe import DataPipe
 from nodes import Context, Node
 from nodes.errors import check_on_error
@@ -176,6 +177,18 @@ class Files(FileList):
         else:
             shown = repr([_without_query(url) for url in urls])
         return ", ".join([shown] + [f"{k}={describe(v)}" for k, v in self.kwargs.items()])
+
+    def identity_params(self, names: bool) -> tuple[list[Any], dict[str, Any]]:
+        # Patterns without query strings (signatures are re-issued), a long list by digest;
+        # the storage options are masked already.
+        urls = self.args[0]
+        if isinstance(urls, str):
+            shown: Any = _without_query(urls)
+        elif len(urls) > 8:
+            shown = {"urls": len(urls), "digest": listing_digest([_without_query(u) for u in urls])}
+        else:
+            shown = [_without_query(url) for url in urls]
+        return [shown], {key: plain(value, names) for key, value in self.kwargs.items()}
 
     def file_set(
         self, ctx: Context, shuffle_key: list[int] | None = None, shuffle_seed: int | None = None

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from types import ModuleType
+from typing import Any, Generic, TypeVar
 
 from datapipes.describe import describe
-from nodes import Context, Node, stable_hash
+from datapipes.identity import digest, identity, plain
+from datapipes.topology import resolve_topology
+from datapipes.torch_dataset import TorchDataset
+from nodes import Context, Node
 from nodes.stats import StatsNode
-
-if TYPE_CHECKING:
-    from datapipes.torch_dataset import TorchDataset
 
 T = TypeVar("T")
 
@@ -30,8 +30,23 @@ class DataPipe(Generic[T]):
     dp.range(10).map(abs).batch(4)
     """
 
-    #: the name in the fluent API and in ``repr``
+    #: the name in the fluent API and in ``repr``; the step's kind in its identity
     name = "pipe"
+
+    # What a step declares about itself; the Loader reads these to place and check it
+    # (datapipes.placement). Steps set them as class attributes or properties.
+
+    #: It must run in the main process (``pin_memory``, ``to_device``): the Loader
+    #: splits the recipe there and runs the part before it in the DataLoader workers.
+    main_process_only: bool = False
+    #: It resumes by re-reading items of its input (a buffer shuffle, ``flat_map``, a
+    #: parallel map, ``shard``, a custom node), so no unordered step may come before it.
+    replays_input: bool = False
+    #: How it re-reads its input, for the message that refuses an unordered step before it.
+    replay_note: str = "re-reads them when it resumes"
+    #: It yields items in the order they finish (``map(..., ordered=False)``), so a
+    #: second pass from the same position may order them differently.
+    unordered: bool = False
 
     def __init__(self, *inputs: DataPipe[Any], args: Sequence[Any] = (), **kwargs: Any) -> None:
         object.__setattr__(self, "inputs", tuple(inputs))
@@ -78,16 +93,44 @@ class DataPipe(Generic[T]):
         walk(self, 0)
         return out
 
-    def fingerprint(self) -> str:
-        """A hex digest of the recipe's structure and arguments, the same in every process.
+    def identity(self, *, names: bool = True) -> dict[str, Any]:
+        """The recipe's structure as plain data: step kinds, parameters, nesting.
 
-        Functions count by name, data sources by type and length.
+        What the fingerprint and every random stream derive from, unlike
+        ``repr``, which is for people. Functions count by their qualified
+        name (``names=False``: not at all), data sources by type and length.
+        See :mod:`datapipes.identity` for what it does and does not see.
+
+        >>> import datapipes as dp
+        >>> dp.range(3).shuffle(seed=1).identity()["kwargs"]
+        {'seed': 1}
         """
-        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+        return identity(self, names=names)
+
+    def identity_params(self, names: bool) -> tuple[list[Any], dict[str, Any]]:
+        """This step's own ``(args, kwargs)`` as plain data, for :meth:`identity`.
+
+        Sources override it to describe their data by type and length.
+        """
+        args = [plain(value, names) for value in self.args]
+        return args, {key: plain(value, names) for key, value in self.kwargs.items()}
+
+    def fingerprint(self) -> str:
+        """A hex digest of the recipe's identity, the same in every process and run.
+
+        It changes with any step, parameter, explicit seed or function name
+        (so a checkpoint of another recipe is refused), and not with the
+        contents of data sources or the bodies of functions.
+        """
+        return digest(self.identity())[:16]
 
     def _key(self) -> int:
-        """The step's place in the graph, as an int for seeding its RNG."""
-        return stable_hash(repr(self))
+        """The step's place in the recipe, as a 63-bit int seeding its random streams.
+
+        From the identity without function names: renaming a function, or a
+        new wording of ``repr``, leaves every shuffle order as it was.
+        """
+        return int(digest(self.identity(names=False))[:16], 16) >> 1
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -99,10 +142,14 @@ class DataPipe(Generic[T]):
         )
 
     def __hash__(self) -> int:
-        return hash(repr(self))
+        return hash(self.fingerprint())
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.__dict__))
+
+    def _with_inputs(self, *inputs: DataPipe[Any]) -> DataPipe[T]:
+        """This step, unchanged, reading from ``inputs`` instead of its own."""
+        return _rebuild(type(self), {**self.__dict__, "inputs": tuple(inputs)})
 
     # ----- runtime -----------------------------------------------------------
     def build(self, ctx: Context | None = None) -> Node[T]:
@@ -114,7 +161,7 @@ class DataPipe(Generic[T]):
         ctx = Context() if ctx is None else ctx
         node = self._build(ctx)
         if ctx.stats:
-            node = StatsNode(node, f"{self._key():016x}", self.stats_label())
+            node = StatsNode(node, self.fingerprint(), self.stats_label())
         return node
 
     def stats_label(self) -> str:
@@ -169,21 +216,15 @@ class DataPipe(Generic[T]):
         >>> list(dp.Loader(dp.range(4).map(str, num_workers=2)))
         ['0', '1', '2', '3']
         """
-        from datapipes.steps import Map
-
-        return Map(self, fn, num_workers, method=method, ordered=ordered)
+        return _steps().Map(self, fn, num_workers, method=method, ordered=ordered)
 
     def filter(self, predicate: Callable[[T], bool]) -> DataPipe[T]:
         """Keep the items for which ``predicate(item)`` is true."""
-        from datapipes.steps import Filter
-
-        return Filter(self, predicate)
+        return _steps().Filter(self, predicate)
 
     def flat_map(self, fn: Callable[[T], Iterable[Any]]) -> DataPipe[Any]:
         """Replace every item by the items of ``fn(item)`` (a deterministic function)."""
-        from datapipes.steps import FlatMap
-
-        return FlatMap(self, fn)
+        return _steps().FlatMap(self, fn)
 
     def shuffle(self, buffer_size: int | None = None, *, seed: int | None = None) -> DataPipe[T]:
         """Shuffle, with a new order every epoch.
@@ -196,9 +237,7 @@ class DataPipe(Generic[T]):
         :class:`nodes.BufferShuffleNode` for its state and resume cost).
         ``seed`` overrides the Loader's seed for this step.
         """
-        from datapipes.steps import Shuffle
-
-        return Shuffle(self, buffer_size=buffer_size, seed=seed)
+        return _steps().Shuffle(self, buffer_size=buffer_size, seed=seed)
 
     def batch(
         self,
@@ -207,30 +246,22 @@ class DataPipe(Generic[T]):
         collate_fn: Callable[[list[Any]], Any] | None = None,
     ) -> DataPipe[Any]:
         """Group ``size`` items and collate them (``dp.default_collate`` unless ``collate_fn``)."""
-        from datapipes.steps import Batch
-
-        return Batch(self, size, drop_last=drop_last, collate_fn=collate_fn)
+        return _steps().Batch(self, size, drop_last=drop_last, collate_fn=collate_fn)
 
     def unbatch(self) -> DataPipe[Any]:
         """Split batches (lists, tensors, arrays, dicts of columns) back into items."""
-        from datapipes.steps import Unbatch
-
-        return Unbatch(self)
+        return _steps().Unbatch(self)
 
     def take(self, count: int) -> DataPipe[T]:
         """Stop after ``count`` items (per consumer)."""
-        from datapipes.steps import Take
-
-        return Take(self, count)
+        return _steps().Take(self, count)
 
     def repeat(self, times: int | None = None) -> DataPipe[T]:
         """Run the pipeline ``times`` times within one epoch (forever if ``None``).
 
         Each round gets a fresh random stream, so shuffles differ between rounds.
         """
-        from datapipes.steps import Repeat
-
-        return Repeat(self, times)
+        return _steps().Repeat(self, times)
 
     def decode(
         self,
@@ -256,9 +287,7 @@ class DataPipe(Generic[T]):
         >>> list(dp.Loader(dp.from_sequence([sample]).decode()))
         [{'__key__': 'a', 'cls': 3, 'json': {'x': 1}}]
         """
-        from datapipes.steps import Decode
-
-        return Decode(
+        return _steps().Decode(
             self, image=image, image_mode=image_mode, decoders=decoders, on_error=on_error
         )
 
@@ -278,9 +307,7 @@ class DataPipe(Generic[T]):
         >>> list(dp.Loader(gen, rank=1, world_size=2))
         ['b', 'd']
         """
-        from datapipes.steps import Shard
-
-        return Shard(self)
+        return _steps().Shard(self)
 
     def pin_memory(self) -> DataPipe[T]:
         """Put the tensors of every item in page-locked memory (a no-op without CUDA).
@@ -288,9 +315,7 @@ class DataPipe(Generic[T]):
         Runs in the main process, after the worker processes; pinned batches
         copy to the GPU faster and asynchronously (see :meth:`to_device`).
         """
-        from datapipes.steps import PinMemory
-
-        return PinMemory(self)
+        return _steps().PinMemory(self)
 
     def to_device(self, device: str | None = None) -> DataPipe[Any]:
         """Move the tensors of every item (nested dicts, lists, tuples) to ``device``.
@@ -300,9 +325,7 @@ class DataPipe(Generic[T]):
         ``device=None`` it copies to the current CUDA device when there is one
         and does nothing otherwise, so one recipe runs on GPU and CPU machines.
         """
-        from datapipes.steps import ToDevice
-
-        return ToDevice(self, device)
+        return _steps().ToDevice(self, device)
 
     def as_torch_dataset(
         self,
@@ -321,9 +344,6 @@ class DataPipe(Generic[T]):
         ``StatefulDataLoader`` resumes exactly. Use ``batch_size=None`` in the
         DataLoader when the recipe batches. See :class:`datapipes.TorchDataset`.
         """
-        from datapipes.topology import resolve_topology
-        from datapipes.torch_dataset import TorchDataset
-
         topology = resolve_topology(rank, world_size, mesh=mesh, mesh_dims=mesh_dims)
         return TorchDataset(self, topology, seed)
 
@@ -362,15 +382,26 @@ class DataPipe(Generic[T]):
         >>> list(dp.Loader(dp.range(1, 5).apply_node(RunningSum)))
         [1, 3, 6, 10]
         """
-        from datapipes.custom import ApplyNode
-
-        return ApplyNode(self, factory, *args, **kwargs)
+        return _custom().ApplyNode(self, factory, *args, **kwargs)
 
     def prefetch(self, depth: int = 2) -> DataPipe[T]:
         """Compute up to ``depth`` items ahead on a background thread."""
-        from datapipes.steps import Prefetch
+        return _steps().Prefetch(self, depth)
 
-        return Prefetch(self, depth)
+
+# The step classes subclass DataPipe, so their modules import this one; the fluent methods
+# above reach them through these two functions, at call time, which is what lets both
+# modules exist. (Everything else this module needs is imported at the top.)
+def _steps() -> ModuleType:
+    from datapipes import steps
+
+    return steps
+
+
+def _custom() -> ModuleType:
+    from datapipes import custom
+
+    return custom
 
 
 def _identity(values: Any) -> Any:

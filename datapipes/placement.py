@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 def runs_in_main_process(pipe: DataPipe[Any]) -> bool:
     """Whether a step must run in the main process (``pin_memory``, ``to_device``)."""
-    return bool(getattr(pipe, "main_process_only", False))
+    return pipe.main_process_only
 
 
 def split_main_steps(pipe: DataPipe[Any]) -> tuple[DataPipe[Any], list[DataPipe[Any]]]:
@@ -70,10 +70,8 @@ def check_no_main_steps(pipe: DataPipe[Any]) -> None:
 
 def rebuild_on(base: DataPipe[Any], steps: Sequence[DataPipe[Any]]) -> DataPipe[Any]:
     """The chain of single-input ``steps`` (upstream first) re-applied on top of ``base``."""
-    from datapipes.pipe import _rebuild
-
     for step in steps:
-        base = _rebuild(type(step), {**step.__dict__, "inputs": (base,)})
+        base = step._with_inputs(base)
     return base
 
 
@@ -98,7 +96,7 @@ def check_replay_order(
     """
 
     def walk(step: DataPipe[Any], replayed_by: str | None, in_workers: bool) -> None:
-        if getattr(step, "unordered", False) and replayed_by is not None:
+        if step.unordered and replayed_by is not None:
             raise ValueError(
                 f".{step.describe_step()} yields items in the order they finish, but "
                 f"{replayed_by}, so a resume would lose some items and repeat others. Use "
@@ -111,9 +109,8 @@ def check_replay_order(
                 "which may not have children. Use method='thread' there, or drop the map's "
                 "num_workers and raise the Loader's num_workers instead."
             )
-        if getattr(step, "replays_input", False):
-            note = getattr(step, "replay_note", "re-reads them when it resumes")
-            replayed_by = f".{step.describe_step()} {note}"
+        if step.replays_input:
+            replayed_by = f".{step.describe_step()} {step.replay_note}"
         for upstream in step.inputs:
             walk(upstream, replayed_by, in_workers)
 

@@ -6,6 +6,7 @@ import builtins
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from datapipes.identity import described_data, plain
 from datapipes.pipe import DataPipe
 from nodes import Context, IterableNode, Node, SequenceNode
 from nodes.sources import check_restartable, is_factory
@@ -23,6 +24,9 @@ class SequenceSource(DataPipe[Any]):
                 "For a stream use dp.from_iterable(...)."
             )
         super().__init__(args=(seq,))
+
+    def identity_params(self, names: bool) -> tuple[list[Any], dict[str, Any]]:
+        return [described_data(self.args[0])], {}  # by type and length, not by contents
 
     def random_access(self) -> tuple[Sequence[Any], tuple[Callable[[Any], Any], ...]]:
         return self.args[0], ()
@@ -80,6 +84,10 @@ class IterableSource(DataPipe[Any]):
         if not is_factory(source):
             check_restartable(source)
         super().__init__(args=(source,))
+
+    def identity_params(self, names: bool) -> tuple[list[Any], dict[str, Any]]:
+        source = self.args[0]
+        return [plain(source, names) if callable(source) else described_data(source)], {}
 
     def _build(self, ctx: Context) -> Node[Any]:
         return IterableNode(self.args[0], ctx)

@@ -72,7 +72,7 @@ def skip_counts(root: Any) -> dict[str, int]:
     """Bad records skipped so far by each step of a built graph, keyed by the step's recipe."""
     counts: dict[str, int] = {}
     for node in walk_graph(root):
-        policy = getattr(node, "errors", None)
+        policy = node.errors
         if isinstance(policy, ErrorPolicy) and policy.skip:
             counts[policy.step] = counts.get(policy.step, 0) + policy.count
     return counts
