@@ -235,19 +235,36 @@ for name, recipe in recipes.items():
 # ## 5. What the seed controls
 #
 # Every random choice is a pure function of (the Loader's `seed`, the epoch, the step's place
-# in the recipe: the recipe up to it, the combinator branch and `repeat` round it sits in;
-# so editing the steps before a shuffle changes its order). So:
+# in the recipe: the structure of the recipe up to it (step kinds, parameters, explicit seeds),
+# the combinator branch and `repeat` round it sits in; so adding, removing or changing a step
+# before a shuffle changes its order). So:
 #
 # * the same `seed` and recipe give the same orders in every Loader, process and run;
 # * another `seed` gives another order;
 # * a step's own `seed=` replaces the Loader's seed *for that step*: its order is the same
-#   whatever the Loader seed, and still new every epoch (the epoch stays in the key).
+#   whatever the Loader seed, and still new every epoch (the epoch stays in the key);
+# * the *names* of your functions are not part of it: renaming `normalize` to `scale` keeps
+#   every order (a checkpoint still records the names, and refuses a recipe whose names
+#   differ; see `pipe.identity()` for exactly what counts).
 
 # %%
 pipe = dp.range(1000).shuffle()
 a, b = dp.Loader(pipe, seed=7), dp.Loader(pipe, seed=7)
 assert [list(a), list(a)] == [list(b), list(b)]  # same seed: same epochs 0 and 1
 assert list(dp.Loader(pipe, seed=7)) != list(dp.Loader(pipe, seed=8))  # another seed
+
+
+def normalize(x):
+    return x / 1000
+
+
+def scale(x):  # normalize, renamed
+    return x / 1000
+
+
+renamed = [list(dp.Loader(dp.range(1000).map(f).shuffle(), seed=7)) for f in (normalize, scale)]
+assert renamed[0] == renamed[1]  # a renamed function moves no order
+assert dp.range(10).map(normalize).fingerprint() != dp.range(10).map(scale).fingerprint()
 
 # Worker processes compute the same permutation; dealt to 2 workers and interleaved back,
 # the global shuffle's stream is even item-for-item the in-process one.
