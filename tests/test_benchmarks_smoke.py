@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the benchmarks in a new Python process
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPARE = ROOT / "benchmarks" / "compare.py"
 

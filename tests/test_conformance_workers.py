@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import worker_counts
 
 import datapipes as dp
 from datapipes.topology import Topology
@@ -69,6 +70,7 @@ def test_even_batches_node_refuses_a_short_count():
         list(node)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_worker_stream_node_with_two_worker_processes():
     pipe = dp.range(23).shuffle().batch(3)
@@ -86,6 +88,7 @@ def keep_unless_multiple_of_7(x: int) -> bool:
     return x % 7 != 0
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("snapshot_every", [1, 4])
 def test_loader_resumes_between_worker_snapshots(snapshot_every):
@@ -104,7 +107,7 @@ def test_loader_resumes_between_worker_snapshots(snapshot_every):
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_loader_in_a_torch_distributed_checkpoint(tmp_path, num_workers):
     """dcp.save/dcp.load a mid-epoch Loader next to a model; the fresh Loader resumes exactly."""
     import torch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,7 +110,7 @@ def test_consumers_draw_their_own_streams():
     assert tags[0] != tags[1]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_loader_resume_is_exact_at_random_positions(workers: int):
     pipe = dp.range(300).shuffle().apply_node(RunningSum).apply_node(RandomTag).batch(7)
     reference = [b for b in dp.Loader(pipe, seed=5, num_workers=workers)]
@@ -128,6 +129,7 @@ def test_loader_resume_is_exact_at_random_positions(workers: int):
             assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
 
 
+@pytest.mark.slow
 def test_spawned_workers_run_a_node_class_from_an_importable_module():
     pipe = dp.range(1, 9).apply_node(RunningSum)
     loader = dp.Loader(pipe, num_workers=1, multiprocessing_context="spawn")
@@ -188,3 +190,48 @@ def test_mistakes_are_explained():
         list(dp.Loader(dp.range(3).apply_node(NotANode)))
     with pytest.raises(TypeError, match=r"super\(\).__init__\(upstream\)"):
         list(dp.Loader(dp.range(3).apply_node(ForgetsItsInput)))
+
+
+# ----- keyword arguments; branches, repeat rounds and shard ------------------------------------
+
+
+class Scaled(Node):
+    """Multiplies items by ``args``; takes a ``factory`` too (ordinary parameter names)."""
+
+    def __init__(self, upstream: Node, args: int = 1, factory: Any = None) -> None:
+        super().__init__(upstream)
+        self.upstream = upstream
+        self.k = args
+
+    def reset(self, state=None):
+        self.upstream.reset(state)
+
+    def __next__(self):
+        return next(self.upstream) * self.k
+
+    def state_dict(self):
+        return self.upstream.state_dict()
+
+
+def test_a_users_node_may_take_keyword_arguments_named_args_or_factory():
+    """apply_node(MyNode, args=2): user kwargs must not collide with the recipe's own names."""
+    assert list(dp.Loader(dp.range(3).apply_node(Scaled, args=2))) == [0, 2, 4]
+    assert list(dp.Loader(dp.range(3).apply_node(Scaled, 3, factory=len))) == [0, 3, 6]
+
+
+def test_a_users_node_in_branches_repeats_and_after_shard_resumes_exactly():
+    """Checked, holds: apply_node inside zip/mix/concat, under repeat, before shard."""
+    tagged = dp.range(12).apply_node(RandomTag)
+    pipes = [
+        dp.zip(tagged, dp.range(12).apply_node(RandomTag)),
+        dp.mix([tagged, dp.range(50, 60).apply_node(RandomTag)], [1, 2]),
+        dp.concat(dp.range(5).apply_node(Scaled, 2), tagged),
+        dp.range(6).shuffle().apply_node(RandomTag).repeat(3),
+        dp.from_iterable(lambda: range(20)).apply_node(RandomTag).shard(),
+    ]
+    for pipe in pipes:
+        check_node(lambda ctx, pipe=pipe: pipe.build(ctx), max_positions=8)
+    a, b = zip(*dp.Loader(pipes[0]))
+    assert [t for _, t in a] != [t for _, t in b]  # zip branches draw their own streams
+    rounds = [t for _, t in dp.Loader(pipes[3])]
+    assert rounds[:6] != rounds[6:12]  # so do repeat rounds

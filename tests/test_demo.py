@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test runs the demo in a new Python process
+
 
 def test_demo_verifies_exact_resume(tmp_path: Path) -> None:
     done = subprocess.run(

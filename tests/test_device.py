@@ -6,13 +6,14 @@ node contract for PinMemoryNode and ToDeviceNode.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict, defaultdict, namedtuple
 from itertools import islice
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from helpers import worker_counts
 
 import datapipes as dp
 from nodes import Context, PinMemoryNode, SequenceNode, ToDeviceNode, apply_to_tensors
@@ -181,7 +182,7 @@ def test_to_device_none_without_cuda_returns_the_very_same_items():
 
 
 @needs_no_cuda
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_to_device_cuda_without_cuda_says_cuda_is_unavailable(num_workers):
     with pytest.raises(RuntimeError, match="CUDA is not available") as info:
         loader = dp.Loader(dp.range(5).map(tensor_of).to_device("cuda"), num_workers=num_workers)
@@ -230,7 +231,7 @@ def test_to_device_cuda_moves_nested_tensors_and_keeps_values(device):
 
 
 @needs_cuda
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_to_device_cuda_after_pin_memory_in_workers(num_workers):
     pipe = dp.range(30).shuffle().map(make_sample).batch(4)
     expected = list(dp.Loader(pipe, seed=3, num_workers=num_workers))
@@ -317,6 +318,7 @@ def test_as_torch_dataset_refuses_main_process_steps(step):
         assert "as_torch_dataset()" in str(info.value)
 
 
+@pytest.mark.slow
 def test_steps_after_to_device_run_in_the_main_process_with_workers():
     pipe = dp.range(20).map(tensor_of).batch(4).to_device("cpu").map(torch.sum)
     # the batches are made in the workers: worker w batches items w, w + 2, ...
@@ -335,6 +337,7 @@ def resumable_pipe() -> dp.DataPipe[Any]:
     return dp.range(50).shuffle().map(make_sample).batch(4).pin_memory().to_device("cpu")
 
 
+@pytest.mark.slow
 def test_to_device_with_workers_keeps_items_and_order():
     pipe = dp.range(50).shuffle().map(make_sample).batch(4)
     with dp.Loader(pipe, seed=1, num_workers=2) as plain:
@@ -347,6 +350,7 @@ def test_to_device_with_workers_keeps_items_and_order():
     assert labels == list(range(50))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("position", [0, 1, 7, 13, 14])
 def test_to_device_with_workers_resumes_exactly(position):
     pipe = resumable_pipe()
@@ -369,6 +373,7 @@ def test_to_device_with_workers_resumes_exactly(position):
     assert all(same(a, b) for a, b in zip(following, reference[1]))
 
 
+@pytest.mark.slow
 def test_items_keep_their_types_through_worker_processes():
     pipe = dp.range(6).map(plain_item).to_device("cpu")
     expected = list(dp.Loader(pipe))
@@ -423,9 +428,40 @@ def test_apply_to_tensors_keeps_fields_that_init_does_not_take():
     assert torch.equal(item.x, torch.ones(2))  # the input is left alone
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_repeat_after_a_main_process_step_is_refused(num_workers):
     with pytest.raises(ValueError, match=r"put repeat\(\) before them"):
         dp.Loader(dp.range(8).shuffle().to_device("cpu").repeat(2), num_workers=num_workers)
     rounds = list(dp.Loader(dp.range(8).shuffle().repeat(2).to_device("cpu"), num_workers=2))
     assert sorted(rounds[:8]) == sorted(rounds[8:]) == list(range(8))
+
+
+# ----- containers keep their type, extras and keys ------------------------------------------
+
+
+class AttrDict(dict):
+    """A dict subclass with an attribute."""
+
+
+def test_to_device_keeps_dict_subclasses_and_frozen_dataclasses():
+    # Checked and held: the containers the fix names keep type, extras and keys.
+    def item(i: int) -> dict[str, Any]:
+        extra = AttrDict(x=torch.zeros(2) + i)
+        extra.note = "kept"
+        default = defaultdict(list, x=torch.zeros(2))
+        return {
+            "attr": extra,
+            "default": default,
+            "ordered": OrderedDict([("b", torch.ones(1)), ("a", torch.zeros(1))]),
+            "frozen": Frozen(torch.ones(3), "five"),
+        }
+
+    (moved,) = list(dp.Loader(dp.range(1).map(item).to_device("meta")))
+    assert type(moved["attr"]) is AttrDict and moved["attr"].note == "kept"
+    assert moved["attr"]["x"].is_meta
+    assert type(moved["default"]) is defaultdict
+    assert moved["default"].default_factory is list and moved["default"]["x"].is_meta
+    assert list(moved["ordered"]) == ["b", "a"] and moved["ordered"]["a"].is_meta
+    assert type(moved["frozen"]) is Frozen and moved["frozen"].note == "five"
+    assert moved["frozen"].value.is_meta

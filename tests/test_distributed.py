@@ -19,6 +19,9 @@ check them against the data written here:
   rank's position under its own key and gives each rank its own back;
 * with a DeviceMesh, tensor-parallel peers read identical data and the
   data-parallel ranks split it.
+
+The last section forks two gloo ranks itself (no torchrun) to check when a Loader made
+before ``init_process_group`` decides even_batches, and that it makes one gloo group.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ from typing import Any
 
 import pytest
 import torch
+from subprocess_helpers import run_forked_ranks
+
+import datapipes as dp
+
+pytestmark = pytest.mark.slow  # every test runs a torchrun job or forks gloo ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "distributed_job.py"
@@ -512,3 +520,82 @@ def test_even_batches_over_a_mesh_stop_all_ranks_together(mesh_job):
         assert steps == uneven[: len(steps)]  # the start of the same stream
     uneven_counts = {len(r["dp"]["epochs"]["0"]) for r in job.ranks}
     assert len(even[0]) == min(uneven_counts) and len(uneven_counts) > 1
+
+
+# ----- even_batches decided lazily (gloo ranks forked by the test, no torchrun) --------------
+
+
+def _rank_job(rank: int, store: str, mode: str, answers) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")  # what torchrun sets
+    try:
+        pipe = dp.range(13).batch(2)  # rank 0 has 4 batches, rank 1 has 3
+        loader = dp.Loader(pipe)  # before init_process_group
+        if mode == "state_dict_before_init":
+            loader.state_dict()  # e.g. logged or saved during setup
+        elif mode == "load_before_init":
+            saved = dp.Loader(pipe, rank=rank, world_size=2, even_batches=True)
+            loader.load_state_dict(saved.state_dict())
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+        try:
+            if mode == "state_dict_on_rank_0_only" and rank == 0:
+                loader.state_dict()  # after init, before the first epoch: no collective
+            answers.put((rank, loader.even_batches, len(list(loader))))
+        finally:
+            dist.destroy_process_group()
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        answers.put((rank, "error", f"{type(error).__name__}: {error}"[:400]))
+
+
+def _run_ranks(tmp_path: Path, mode: str) -> list[tuple[Any, ...]]:
+    return run_forked_ranks(_rank_job, tmp_path / "store", mode)
+
+
+@pytest.mark.timeout(120)
+def test_a_state_dict_taken_before_init_process_group_does_not_fix_uneven_epochs(tmp_path):
+    """A checkpoint/log before init must not decide even_batches=False (DDP would hang)."""
+    assert _run_ranks(tmp_path, "state_dict_before_init") == [(0, True, 3), (1, True, 3)]
+
+
+@pytest.mark.timeout(120)
+def test_an_even_checkpoint_loads_into_a_loader_made_before_init_process_group(tmp_path):
+    """load_state_dict of an even_batches=True checkpoint before init is accepted, and evens."""
+    assert _run_ranks(tmp_path, "load_before_init") == [(0, True, 3), (1, True, 3)]
+
+
+@pytest.mark.timeout(120)
+def test_a_state_dict_on_one_rank_before_the_first_epoch_runs_no_collective(tmp_path):
+    """Checked, holds: only rank 0 asks for a state before the first epoch; nothing hangs."""
+    assert _run_ranks(tmp_path, "state_dict_on_rank_0_only") == [(0, True, 3), (1, True, 3)]
+
+
+def _close_each_epoch_job(rank: int, store: str, answers) -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+        made = []
+        real_new_group = dist.new_group
+
+        def counting_new_group(*args: Any, **kwargs: Any) -> Any:
+            made.append(kwargs.get("backend"))
+            return real_new_group(*args, **kwargs)
+
+        dist.new_group = counting_new_group
+        dist.get_backend = lambda group=None: "nccl"  # as in a job training with NCCL
+        loader = dp.Loader(dp.range(12).batch(2))
+        for _ in range(3):
+            with loader:  # closes the Loader after each epoch (frees workers, files)
+                count = len(list(loader))
+        answers.put((rank, count, len(made)))
+        dist.destroy_process_group()
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        answers.put((rank, "error", f"{type(error).__name__}: {error}"[:400]))
+
+
+@pytest.mark.timeout(120)
+def test_even_batches_makes_one_gloo_group_per_loader_not_one_per_rebuild(tmp_path):
+    """Under NCCL the agreement's gloo group is made once per Loader; close() must not leak one."""
+    results = run_forked_ranks(_close_each_epoch_job, tmp_path / "s")
+    assert results == [(0, 3, 1), (1, 3, 1)]  # 3 epochs, each rank made 1 gloo group

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import canon, multiset
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -74,26 +75,6 @@ def _no_test_hangs() -> Iterator[None]:
     """A hanging reader fails its test in 30s instead of stalling the suite."""
     with no_hang(30.0):
         yield
-
-
-# ----- canonical records: hashable, comparable as a multiset ---------------------------------
-
-
-def canon(value: Any) -> Any:
-    """A hashable canonical form of a record (arrays, dicts, lists, bytes, str, numbers)."""
-    if isinstance(value, np.ndarray):
-        return ("ndarray", value.dtype.str, value.shape, canon(value.tolist()))
-    if isinstance(value, np.generic):
-        return canon(value.item())
-    if isinstance(value, dict):
-        return ("dict", tuple(sorted((k, canon(v)) for k, v in value.items())))
-    if isinstance(value, list | tuple):
-        return ("seq", tuple(canon(v) for v in value))
-    return value
-
-
-def multiset(records: list[Any]) -> Counter:
-    return Counter(canon(r) for r in records)
 
 
 # ----- data generators ------------------------------------------------------------------------

@@ -194,6 +194,7 @@ print(json.dumps(list(dp.Loader(pipe))))
 """
 
 
+@pytest.mark.slow
 def test_reads_without_orjson_installed(tmp_path):
     data, expected = corpus(seed=3)
     url = write(tmp_path, "corpus.jsonl", data + b"\n{bad\n")
@@ -356,6 +357,7 @@ def _expected_or_bad(chunk: bytes) -> list[Any] | None:
         return None
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(VALID_LINES | JUNK_LINES, max_size=8), st.sampled_from(["\n", "\r\n"]))
 def test_generated_blocks_decode_like_json_loads(texts, ending):

@@ -12,38 +12,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same, rich_pipe, tenfold
 from subprocess_helpers import run_python
 from torch.distributed.checkpoint.stateful import Stateful
 
 import datapipes as dp
-from nodes.testing import roundtrip_state, same
-
-
-def is_odd(x: int) -> bool:
-    return x % 2 == 1
-
-
-def tenfold(x: int) -> int:
-    return 10 * x
+from nodes.testing import roundtrip_state
 
 
 def boom(x: int) -> int:
     if x == 7:
         raise ValueError("bad item 7")
     return x
-
-
-def rich_pipe():
-    """Global shuffle, buffer shuffle, mix, repeat, batch and prefetch in one recipe."""
-    left = dp.range(60).shuffle().filter(is_odd).shuffle(buffer_size=7)
-    right = dp.range(100, 140).map(tenfold).repeat(2)
-    return dp.mix([left, right], [2, 1]).batch(3).unbatch().prefetch(2).batch(4)
-
-
-def assert_same_items(expected: list[Any], got: list[Any]) -> None:
-    assert len(expected) == len(got)
-    for i, (a, b) in enumerate(zip(expected, got)):
-        assert same(a, b), f"item {i}: {a!r} != {b!r}"
 
 
 def epochs(loader: dp.Loader, count: int) -> list[list[Any]]:
@@ -68,10 +48,10 @@ def test_set_epoch_picks_the_epoch():
     reference = epochs(dp.Loader(pipe, seed=1), 3)
     loader = dp.Loader(pipe, seed=1)
     loader.set_epoch(2)
-    assert_same_items(reference[2], list(loader))
+    assert_same(reference[2], list(loader))
     loader.set_epoch(0)
-    assert_same_items(reference[0], list(loader))
-    assert_same_items(reference[1], list(loader))
+    assert_same(reference[0], list(loader))
+    assert_same(reference[1], list(loader))
     with pytest.raises(ValueError):
         loader.set_epoch(-1)
 
@@ -161,7 +141,7 @@ def test_resume_from_a_state_taken(where):
     resumed = dp.Loader(pipe, seed=4)
     resumed.load_state_dict(state)
     for want in expected:
-        assert_same_items(want, list(resumed))
+        assert_same(want, list(resumed))
     resumed.close()
 
 
@@ -170,8 +150,8 @@ def test_state_of_a_fresh_loader_starts_at_epoch_0():
     reference = epochs(dp.Loader(pipe, seed=2), 2)
     resumed = dp.Loader(pipe, seed=2)
     resumed.load_state_dict(roundtrip_state(dp.Loader(pipe, seed=2).state_dict()))
-    assert_same_items(reference[0], list(resumed))
-    assert_same_items(reference[1], list(resumed))
+    assert_same(reference[0], list(resumed))
+    assert_same(reference[1], list(resumed))
 
 
 def test_state_taken_after_loading_but_before_iterating_keeps_the_position():
@@ -183,7 +163,7 @@ def test_state_taken_after_loading_but_before_iterating_keeps_the_position():
     loaded.load_state_dict(roundtrip_state(loader.state_dict()))
     again = dp.Loader(pipe, seed=9)
     again.load_state_dict(roundtrip_state(loaded.state_dict()))  # saved again before a step
-    assert_same_items(reference[5:], list(again))
+    assert_same(reference[5:], list(again))
 
 
 def test_closing_mid_epoch_keeps_the_position():
@@ -198,10 +178,10 @@ def test_closing_mid_epoch_keeps_the_position():
     assert after == before
     resumed = dp.Loader(pipe, seed=6)
     resumed.load_state_dict(roundtrip_state(after))
-    assert_same_items(reference[0][5:], list(resumed))
+    assert_same(reference[0][5:], list(resumed))
     # the closed Loader itself also continues where it stopped, then runs the next epoch
-    assert_same_items(reference[0][5:], list(loader))
-    assert_same_items(reference[1], list(loader))
+    assert_same(reference[0][5:], list(loader))
+    assert_same(reference[1], list(loader))
     loader.close()
 
 
@@ -224,6 +204,7 @@ RECIPE = (
 )
 
 
+@pytest.mark.slow
 def test_resume_in_a_new_process(tmp_path):
     pipe = eval(RECIPE, {"dp": dp})
     reference = [[b.tolist() for b in e] for e in epochs(dp.Loader(pipe, seed=7), 2)]
@@ -292,7 +273,7 @@ def test_global_rngs_do_not_change_the_stream():
             seed_globals(global_seed * 1000 + i)  # and in between items
             random.random(), np.random.rand(), torch.rand(1)
         streams.append(out)
-    assert_same_items(streams[0], streams[1])
+    assert_same(streams[0], streams[1])
 
 
 def test_iterating_leaves_the_global_rngs_alone():

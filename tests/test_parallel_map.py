@@ -7,6 +7,7 @@ bounded read-ahead and clean shutdown, and the recipe's fingerprint.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import multiprocessing
@@ -15,19 +16,22 @@ import random
 import threading
 import time
 from concurrent import futures
+from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers import assert_same
 
 import datapipes as dp
 from nodes import Context, ParallelMapNode, SequenceNode
 from nodes.base import walk_graph
 from nodes.testing import check_node, roundtrip_state, same
 
-METHODS = ["thread", "process"]
+# the process method starts pools of processes: slow, run by CI and by -m slow
+METHODS = ["thread", pytest.param("process", marks=pytest.mark.slow)]
 
 # ----- functions (module level: the process method pickles them) -------------------------------
 
@@ -90,6 +94,27 @@ def sleep_5ms(x: int) -> int:
     return x
 
 
+class TwoArgError(Exception):
+    """An exception whose ``__init__`` takes two arguments: it pickles but does not unpickle."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(f"{code}: {why}")
+
+
+def fail_at_five(x: int) -> int:
+    if x == 5:
+        raise TwoArgError(5, "bad item")
+    return x
+
+
+def late_once(marker: str, x: int) -> int:
+    """Item 2 is slow the first time anyone computes it (across processes), then fast."""
+    if x == 2 and not Path(marker).exists():
+        Path(marker).touch()
+        time.sleep(0.3)
+    return x
+
+
 READS = [0]
 
 
@@ -114,12 +139,6 @@ def outstanding(node: ParallelMapNode) -> int:
 
 def in_pool(node: ParallelMapNode) -> int:
     return sum(len(numbers) for numbers, _ in node._in_flight)
-
-
-def assert_same(expected: list[Any], got: list[Any]) -> None:
-    assert len(expected) == len(got), f"{len(expected)} items expected, got {len(got)}"
-    for i, (a, b) in enumerate(zip(expected, got)):
-        assert same(a, b), f"item {i}: {a!r} != {b!r}"
 
 
 def head_and_state(loader: dp.Loader, k: int) -> tuple[list[Any], dict[str, Any], int]:
@@ -213,6 +232,7 @@ def test_conformance_thread(num_workers):
     assert report.positions_checked >= 26
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [1, 2, 3, 4])
 def test_conformance_process(num_workers):
     # fewer positions: every one starts pools of processes; they straddle the upstream
@@ -361,6 +381,7 @@ def test_parallel_map_on_file_readers(jsonl_shards, method):
         assert resumed(pipe, state) == reference[k:]
 
 
+@pytest.mark.slow
 def test_thread_parallel_map_inside_dataloader_workers():
     pipe = dp.range(300).shuffle().map(vary, num_workers=2).batch(3)
     reference = list(dp.Loader(pipe, seed=5, num_workers=2))
@@ -450,6 +471,17 @@ def test_unordered_map_before_a_step_that_replays_is_refused(after, workers):
         dp.Loader(pipe, num_workers=workers)
 
 
+def test_as_torch_dataset_refuses_an_unordered_map(tmp_path: Path) -> None:
+    """A StatefulDataLoader's workers replay since their snapshot: the order must be fixed.
+
+    Before the fix, resuming ``map(fn, num_workers=2, ordered=False).as_torch_dataset()``
+    under a 2-worker StatefulDataLoader after 10 items lost item 2 and repeated item 10.
+    """
+    fn = functools.partial(late_once, str(tmp_path / "slow-once"))
+    with pytest.raises(ValueError, match="lose some items and repeat others"):
+        dp.range(40).map(fn, num_workers=2, ordered=False).as_torch_dataset()
+
+
 def test_unordered_map_before_steps_that_do_not_replay_resumes_without_loss():
     pipe = dp.range(300).map(vary, num_workers=3, ordered=False).filter(keep).map(triple).batch(4)
     reference = sorted(int(x) for batch in dp.Loader(pipe) for x in batch)
@@ -475,6 +507,7 @@ def test_ordered_output_equals_serial_map(method, num_workers):
         assert_same(list(serial), list(parallel))
 
 
+@pytest.mark.slow
 def test_process_method_runs_in_other_processes():
     out = list(dp.Loader(dp.range(40).map(pid_of, num_workers=3, method="process")))
     assert [x for x, _ in out] == list(range(40))
@@ -519,6 +552,19 @@ def test_error_in_a_chunked_task_delivers_the_items_before_it(method):
     assert got == list(range(300))
 
 
+@pytest.mark.slow
+def test_process_map_reports_an_exception_that_cannot_be_unpickled() -> None:
+    loader = dp.Loader(dp.range(20).map(fail_at_five, num_workers=2, method="process"))
+    got: list[int] = []
+    with pytest.raises(Exception) as caught:
+        for x in loader:
+            got.append(x)
+    loader.close()
+    assert not isinstance(caught.value, BrokenProcessPool)
+    assert "bad item" in str(caught.value) or "TwoArgError" in str(caught.value)
+    assert got == [0, 1, 2, 3, 4]
+
+
 def test_process_method_needs_a_module_level_function():
     with pytest.raises(TypeError, match="module level"):
         dp.range(3).map(lambda x: x, num_workers=2, method="process")
@@ -540,6 +586,7 @@ def test_process_method_inside_dataloader_workers_is_refused_with_the_fix():
     assert "raise the Loader's num_workers" in message
 
 
+@pytest.mark.slow
 def test_process_method_in_a_daemonic_process_is_explained():
     """A user's own DataLoader over as_torch_dataset(): found when a worker builds its graph."""
     from torch.utils.data import DataLoader
@@ -552,6 +599,7 @@ def test_process_method_in_a_daemonic_process_is_explained():
     assert "method='thread'" in message
 
 
+@pytest.mark.slow
 def test_close_after_a_worker_failed_to_build_its_graph(tmp_path):
     before = set(multiprocessing.active_children())
     loader = dp.Loader(dp.files(str(tmp_path / "missing-*.jsonl")).read_jsonl(), num_workers=1)

@@ -12,11 +12,12 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any
 
+from helpers import assert_same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import datapipes as dp
-from nodes.testing import roundtrip_state, same
+from nodes.testing import roundtrip_state
 
 EPOCHS = 3
 MAX_ITEMS = 200
@@ -179,12 +180,6 @@ def pipelines(draw, allow_streams: bool = True):
 
 
 # ----- helpers --------------------------------------------------------------------------
-
-
-def assert_same(expected: list[Any], got: list[Any], what: str) -> None:
-    assert len(expected) == len(got), f"{what}: {len(expected)} items expected, got {len(got)}"
-    for i, (a, b) in enumerate(zip(expected, got)):
-        assert same(a, b), f"{what}: item {i}: expected {a!r}, got {b!r}"
 
 
 def uninterrupted(pipe, **loader_args) -> list[list[Any]]:

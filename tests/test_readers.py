@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 import uuid
 import zlib
 from collections.abc import Callable
@@ -42,12 +43,14 @@ from file_fixtures import (
     write_npz,
     write_tar,
 )
-from http_server import serve
+from helpers import assert_same
+from http_server import _Handler, serve
 
 import datapipes as dp
 from nodes import Context
 from nodes.files import FileSet
 from nodes.readers import FileReaderNode, NpyFormat, TarFormat
+from nodes.storage import SourceFile
 from nodes.testing import check_node, same
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,12 +129,6 @@ def _remote(request, kind: str) -> Where:
 
 def run(pipe: dp.DataPipe, **loader_args: Any) -> list[Any]:
     return list(dp.Loader(pipe, **loader_args))
-
-
-def assert_same(expected: list[Any], got: list[Any]) -> None:
-    for i, (a, b) in enumerate(zip(expected, got)):
-        assert same(a, b), f"item {i}: expected {a!r:.300}, got {b!r:.300}"
-    assert len(got) == len(expected), f"expected {len(expected)} items, got {len(got)}"
 
 
 # ----- every reader yields the right records in the right order -----------------------------
@@ -640,6 +637,113 @@ def test_a_stream_cut_mid_file_is_retried_at_the_same_offset(tmp_path, cut_after
         assert server.cuts_left == 0
 
 
+class _NoSizeHandler(_Handler):
+    """Sends no Content-Length (HTTP/1.0: the body ends when the connection closes)."""
+
+    def send_header(self, keyword: str, value: str) -> None:
+        if keyword.lower() != "content-length":
+            super().send_header(keyword, value)
+
+
+class _CountingHandler(_Handler):
+    """Counts the GETs (each one a download of the file from its start on this server)."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        with self.server_state._lock:
+            self.server_state.gets = getattr(self.server_state, "gets", 0) + 1
+        super().do_GET()
+
+
+class _TricklingHandler(_Handler):
+    """Sends the body in small pieces with pauses, so a client's reads find part of it."""
+
+    def copyfile(self, source, outputfile) -> None:  # noqa: ANN001
+        while piece := source.read(512):
+            outputfile.write(piece)
+            outputfile.flush()
+            time.sleep(0.001)
+
+
+def test_a_file_split_across_ranks_on_a_server_without_size_reads_every_record_once(tmp_path):
+    """README: a server that gives no size is read as a stream and the records are the same."""
+    records = jsonl_records(400, seed=1)
+    write_jsonl(tmp_path, "a.jsonl", records)
+    with serve(tmp_path, handler=_NoSizeHandler, ranges=False) as server:
+        pipe = dp.files(f"{server.url}/a.jsonl").read_jsonl()
+        assert list(dp.Loader(pipe)) == records  # one consumer: fine
+        # one file, two consumers: split by byte ranges, which asks for the size
+        parts = [list(dp.Loader(pipe, rank=r, world_size=2)) for r in range(2)]
+    got = sorted(json.dumps(r, sort_keys=True) for part in parts for r in part)
+    assert got == sorted(json.dumps(r, sort_keys=True) for r in records)
+
+
+def test_an_npz_on_a_server_without_size_is_read_not_called_a_bad_archive(tmp_path):
+    """A valid .npz on a server that sends no Content-Length reads (not 'not a .npz archive')."""
+    rows = write_npz(tmp_path, "a.npz", {"x": np.arange(20).reshape(10, 2), "y": np.arange(10)})
+    with serve(tmp_path, handler=_NoSizeHandler, ranges=False) as server:
+        got = list(dp.Loader(dp.files(f"{server.url}/a.npz").read_npy()))
+    assert len(got) == len(rows)
+    assert all(np.array_equal(g["x"], w["x"]) and g["y"] == w["y"] for g, w in zip(got, rows))
+
+
+def test_an_npz_read_by_rows_from_a_stream_is_downloaded_about_once_per_member(tmp_path):
+    """ForwardOnlyFile's doc: an .npz is downloaded about once per member, not once per block."""
+    n = 20_000
+    write_npz(tmp_path, "a.npz", {"x": np.zeros((n, 8), np.float32), "y": np.arange(n)})
+    with serve(tmp_path, handler=_CountingHandler, announce_no_ranges=True) as server:
+        files = FileSet(f"{server.url}/a.npz", {})
+        node = FileReaderNode(files, NpyFormat(block_bytes=1 << 14), Context())  # ~50 blocks
+        node.reset(None)
+        try:
+            assert sum(1 for _ in node) == n
+        finally:
+            node.close()
+        downloads = server.gets
+    assert downloads <= 8, f"{downloads} downloads of a 2-member .npz"
+
+
+def test_a_read_is_retried_when_reopening_the_file_fails_too(tmp_path):
+    """retries=3 survives 3 failed requests even when one of them is the reopen itself."""
+    records = jsonl_records(300, seed=2)
+    write_jsonl(tmp_path, "a.jsonl", records)
+    data = (tmp_path / "a.jsonl").read_bytes()
+    with serve(tmp_path) as server:
+        source = SourceFile(f"{server.url}/a.jsonl", {}, retries=3, block_size=4096)
+        with source.open(0) as f:
+            # the read's GET, then the reopen's HEAD and GET, answer 503
+            server.fail_next(3)
+            assert f.read(len(data) + 1) == data
+
+
+def test_a_stream_is_positioned_after_a_cut_mid_seek(tmp_path):
+    """Checked, holds: a resume deep into a no-range file, cut while skipping, is exact."""
+    records = jsonl_records(600, seed=3)
+    write_jsonl(tmp_path, "a.jsonl", records)
+    data = (tmp_path / "a.jsonl").read_bytes()
+    with serve(tmp_path, announce_no_ranges=True) as server:
+        source = SourceFile(f"{server.url}/a.jsonl", {}, retries=3, block_size=4096)
+        server.cut_next(1, after=5000)
+        with source.open(len(data) // 2) as f:
+            assert f.read(len(data)) == data[len(data) // 2 :]
+
+
+def test_a_read_of_a_stream_returns_what_was_asked_for_not_what_has_arrived(tmp_path):
+    """Bug: a read of a no-range file returned the bytes that had arrived so far, and a
+    caller that takes a short read for the end of the file (zipfile) saw it truncated."""
+    records = jsonl_records(300, seed=4)
+    write_jsonl(tmp_path, "a.jsonl", records)
+    data = (tmp_path / "a.jsonl").read_bytes()
+    arrays = {"x": np.arange(4000, dtype=np.int64).reshape(1000, 4), "y": np.arange(1000)}
+    write_npz(tmp_path, "b.npz", arrays)
+    with serve(tmp_path, handler=_TricklingHandler, announce_no_ranges=True) as server:
+        source = SourceFile(f"{server.url}/a.jsonl", {}, retries=0, block_size=4096)
+        with source.open(100) as f:
+            assert f.read(len(data)) == data[100:]
+        rows = list(dp.Loader(dp.files(f"{server.url}/b.npz").read_npy()))
+    assert [int(r["y"]) for r in rows] == list(range(1000))
+    assert np.array_equal(np.stack([r["x"] for r in rows]), arrays["x"])
+
+
 def _node_factory(where: Where, pattern: str, fmt_factory: Callable[[], Any]):
     def make(ctx: Context) -> FileReaderNode:
         return FileReaderNode(FileSet(where.url(pattern), {}), fmt_factory(), ctx)
@@ -845,6 +949,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_text_readers_finish_on_empty_files_and_exact_block_ends(local):
     write_file(local.root, "empty.jsonl", b"")
     write_file(local.root, "empty.txt", b"")

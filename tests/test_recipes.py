@@ -104,6 +104,7 @@ def test_repr_rebuilds_the_same_recipe(pipe):
 FINGERPRINT = "print(dp.range(100).map(abs).shuffle(buffer_size=8, seed=1).batch(4).fingerprint())"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hash_seed", ["1", "2"])
 def test_fingerprint_is_the_same_in_another_process(hash_seed):
     out = run_python("import datapipes as dp; " + FINGERPRINT, hash_seed=hash_seed)

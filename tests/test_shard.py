@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from helpers import worker_counts
 
 import datapipes as dp
 from nodes import Context, IterableNode, ShardNode, WholeDataContext
@@ -69,7 +70,7 @@ def loader_outputs(pipe, world_size: int, num_workers: int, seed: int = 0, epoch
 # ----- from_iterable(...).shard() through real Loaders ------------------------------------
 
 
-@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 1, 2, 3))
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_shard_deals_a_stream_to_every_consumer_exactly_once(world_size, num_workers):
     pipe = dp.from_iterable(STREAM).shard()
@@ -126,6 +127,7 @@ def test_shard_after_a_buffer_shuffle_every_consumer_sees_one_shuffled_order():
     assert orders[0] != orders[1] != orders[2] != orders[0]  # a new order every epoch
 
 
+@pytest.mark.slow
 def test_shard_after_a_buffer_shuffle_in_workers_and_ranks():
     shuffled = dp.from_iterable(STREAM).shuffle(buffer_size=6)
     world_size, num_workers, seed = 2, 2, 3
@@ -149,7 +151,7 @@ def test_a_range_before_shard_is_read_whole_by_every_rank():
     assert shares == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_a_shuffled_sequence_before_shard_is_split_once(num_workers):
     pipe = dp.from_sequence([f"x{i}" for i in range(23)]).shuffle().map(str.upper).shard()
     (outputs,) = loader_outputs(pipe, 2, num_workers, seed=1)

@@ -21,12 +21,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same, rich_pipe, worker_counts
 
 import datapipes as dp
+import nodes.stats
 from datapipes.progress import batch_length, outputs_are_batches
 from datapipes.stats import PipelineStats, StepStats, merge_rows
-from nodes.stats import graph_stats
-from nodes.testing import roundtrip_state, same
+from nodes import Context
+from nodes.stats import StatsNode, graph_stats
+from nodes.testing import roundtrip_state
 
 # ----- functions (module level: DataLoader workers and process pools pickle them) ----------------
 
@@ -60,12 +63,6 @@ def row(stats: PipelineStats, step: str) -> StepStats:
     found = [s for s in stats.steps if s.step == step]
     assert len(found) == 1, f"{step!r} not one row of {[s.step for s in stats.steps]}"
     return found[0]
-
-
-def assert_same_items(expected: list[Any], got: list[Any]) -> None:
-    assert len(expected) == len(got)
-    for i, (a, b) in enumerate(zip(expected, got)):
-        assert same(a, b), f"item {i}: {a!r} != {b!r}"
 
 
 def assert_sane_times(stats: PipelineStats) -> None:
@@ -109,6 +106,7 @@ def test_a_slow_step_is_named_the_slowest():
     assert_sane_times(stats)
 
 
+@pytest.mark.slow
 def test_a_slow_step_in_dataloader_workers_is_named_and_their_rows_arrive():
     n = 300
     pipe = dp.range(n).map(cheap).map(slow_step).filter(quarter_pair).batch(10)
@@ -204,6 +202,7 @@ def test_skipped_samples_of_decode_are_in_its_row():
     assert sum(loader.skipped().values()) == bad
 
 
+@pytest.mark.slow
 def test_skipped_lines_of_read_jsonl_are_in_its_row(tmp_path):
     good, bad = 0, 0
     for f in range(3):
@@ -232,7 +231,7 @@ def test_skipped_lines_of_read_jsonl_are_in_its_row(tmp_path):
         assert stats.delivered == len(batches)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_stats_restart_each_epoch(num_workers):
     pipe = dp.range(200).shuffle().filter(is_even).batch(10)
     loader = dp.Loader(pipe, stats=True, num_workers=num_workers)
@@ -293,12 +292,6 @@ def test_stats_off_says_how_to_switch_on():
         loader.stats()
 
 
-def rich_pipe() -> dp.DataPipe[Any]:
-    left = dp.range(80).shuffle().filter(quarter_pair).shuffle(buffer_size=9)
-    right = dp.range(100, 160).map(cheap, num_workers=2)
-    return dp.mix([left, right], [2, 1]).batch(3).prefetch(2)
-
-
 @pytest.mark.parametrize("k", [0, 7, 19])
 def test_checkpoints_do_not_depend_on_stats(k):
     pipe = rich_pipe()
@@ -307,7 +300,7 @@ def test_checkpoints_do_not_depend_on_stats(k):
     for on in (False, True):
         loader = dp.Loader(pipe, seed=4, stats=on)
         iterator = iter(loader)
-        assert_same_items(reference[:k], list(islice(iterator, k)))
+        assert_same(reference[:k], list(islice(iterator, k)))
         states[on] = roundtrip_state(loader.state_dict())
         loader.close()
     assert states[True] == states[False]
@@ -315,7 +308,7 @@ def test_checkpoints_do_not_depend_on_stats(k):
         for on in (False, True):
             loader = dp.Loader(pipe, seed=4, stats=on)
             loader.load_state_dict(states[saved])
-            assert_same_items(reference[k:], list(loader))
+            assert_same(reference[k:], list(loader))
             if on:
                 assert loader.stats().delivered == len(reference) - k
 
@@ -330,6 +323,7 @@ def without_stats(state: Any) -> Any:
     return state
 
 
+@pytest.mark.slow
 def test_worker_checkpoints_with_and_without_stats_resume_either_way():
     pipe = dp.range(240).shuffle().map(cheap).batch(4)
     reference = list(dp.Loader(pipe, seed=2, num_workers=2))
@@ -337,7 +331,7 @@ def test_worker_checkpoints_with_and_without_stats_resume_either_way():
     states = {}
     for on in (False, True):
         loader = dp.Loader(pipe, seed=2, stats=on, num_workers=2)
-        assert_same_items(reference[:k], list(islice(iter(loader), k)))
+        assert_same(reference[:k], list(islice(iter(loader), k)))
         states[on] = roundtrip_state(loader.state_dict())
         loader.close()
     # the workers' rows ride on their snapshots to the main process, but not into checkpoints
@@ -347,12 +341,13 @@ def test_worker_checkpoints_with_and_without_stats_resume_either_way():
     for saved, on in ((True, False), (False, True)):
         loader = dp.Loader(pipe, seed=2, stats=on, num_workers=2)
         loader.load_state_dict(states[saved])
-        assert_same_items(reference[k:], list(loader))
+        assert_same(reference[k:], list(loader))
 
 
 # ----- 4. as_dict and the table -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_as_dict_is_json_and_the_table_has_a_line_per_step():
     pipe = dp.range(120).map(cheap).map(slow_step).filter(is_even).batch(8)
     loader = dp.Loader(pipe, stats=True, num_workers=1)
@@ -413,7 +408,7 @@ def test_progress_bar_on_batches(capsys):
     assert not capsys.readouterr().err
     loader = dp.Loader(pipe, progress=True)
     with_bar = list(loader)
-    assert_same_items(plain, with_bar)
+    assert_same(plain, with_bar)
     err = capsys.readouterr().err
     assert "epoch 0" in err and f"{len(plain)}batch" in err
     list(loader)
@@ -465,3 +460,118 @@ def test_batch_length():
     assert batch_length(42) == 1
     batches = list(dp.Loader(dp.range(10).map(lambda x: {"v": x}).batch(4)))
     assert [batch_length(b) for b in batches] == [4, 4, 2]
+
+
+# ----- 6. counts across repeat rounds and zip branches; checkpoints with statistics on --------
+
+calls: list[int] = []
+
+
+def counted(x: int) -> int:
+    calls.append(x)
+    return x
+
+
+def worker_dataset_states(loader_state: dict[str, Any]) -> list[dict[str, Any]]:
+    node = json.loads(loader_state["ranks"]["0"]["node"])
+    workers = node["dataloader"]["_snapshot"]["_worker_snapshots"]
+    return [w["dataset_state"] for w in workers.values()]
+
+
+def test_stats_count_every_round_of_a_repeat() -> None:
+    calls.clear()
+    loader = dp.Loader(dp.range(20).map(counted).repeat(3), stats=True)
+    assert len(list(loader)) == 60
+    rows = {row.step: row for row in loader.stats().steps}
+    assert len(calls) == 60  # the map really ran 60 times
+    assert rows["map(counted)"].items == len(calls)
+    assert rows["range(20)"].items == 60
+
+
+@pytest.mark.slow
+def test_checkpoint_layout_same_with_stats_on_or_off() -> None:
+    pipe = dp.range(200).map(str)
+    keys = []
+    for stats in (False, True):
+        loader = dp.Loader(pipe, num_workers=2, stats=stats)
+        it = iter(loader)
+        for _ in range(70):
+            next(it)
+        state = loader.state_dict()
+        loader.close()
+        keys.append([sorted(s) for s in worker_dataset_states(state)])
+    assert keys[0] == keys[1]
+
+
+def zip_long_first() -> dp.DataPipe:
+    # > 256 items, so the statistics reach their sampled phase (islice runs of 15 items)
+    return dp.zip(dp.range(500).map(counted), dp.range(300))
+
+
+def test_stats_do_not_pull_an_extra_item_from_the_longer_zip_branch() -> None:
+    pulled = {}
+    for stats in (False, True):
+        calls.clear()
+        loader = dp.Loader(zip_long_first(), stats=stats)
+        assert len(list(loader)) == 300
+        pulled[stats] = len(calls)
+    assert pulled[True] == pulled[False]  # statistics must not change what the pipeline reads
+    rows = {row.step: row.items for row in loader.stats().steps}
+    assert rows["map(counted)"] == pulled[False]
+
+
+def test_checkpoints_are_the_same_with_stats_on_and_off() -> None:
+    def pipe() -> dp.DataPipe:
+        return dp.mix([dp.zip(dp.range(500), dp.range(300)), dp.range(100)], weights=[3, 1])
+
+    runs = {}
+    for stats in (False, True):
+        loader = dp.Loader(pipe(), stats=stats)
+        items, states = [], []
+        for item in loader:
+            items.append(item)
+            states.append(json.loads(loader.state_dict()["ranks"]["0"]["node"]))
+        runs[stats] = items, states
+    assert runs[True][0] == runs[False][0]  # the items agree (this part holds)
+    differ = [i for i, (a, b) in enumerate(zip(runs[False][1], runs[True][1])) if a != b]
+    assert differ == []
+
+
+def test_stats_node_clear_mid_pass_counts_the_items_after_it() -> None:
+    node = StatsNode(dp.range(100).build(Context()), "k", "range(100)")
+    node.reset(None)
+    assert [next(node) for _ in range(10)] == list(range(10))
+    assert node.items == 10
+    node.clear()
+    assert [next(node) for _ in range(7)] == list(range(10, 17))
+    assert node.items == 7
+
+
+class VirtualClock:
+    """Stands in for ``perf_counter`` in nodes.stats: time moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_sampled_seconds_are_not_aliased_by_a_power_of_two_fan_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = VirtualClock()
+
+    def expand(x: int) -> list[int]:
+        clock.now += 1.0  # one virtual second of work per input item
+        return [x] * 16
+
+    monkeypatch.setattr(nodes.stats, "perf_counter", clock)
+    loader = dp.Loader(dp.range(1000).flat_map(expand), stats=True)
+    assert sum(1 for _ in loader) == 16_000
+    stats = loader.stats()
+    assert stats.loader_wait_seconds == pytest.approx(1000.0)  # the Loader row times every item
+    flat_map = next(s for s in stats.steps if s.step.startswith("flat_map"))
+    assert flat_map.items == 16_000
+    # The step's own time is all of the work; an unbiased 1-in-16 estimate is close to it.
+    assert flat_map.self_seconds == pytest.approx(clock.now, rel=0.5)

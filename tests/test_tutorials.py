@@ -67,6 +67,7 @@ def test_the_readme_links_every_tutorial():
     assert sorted(set(linked)) == [f"tutorials/{p.name}" for p in TUTORIALS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs(script: Path, tmp_path: Path):
     done = subprocess.run(
@@ -76,6 +77,7 @@ def test_tutorial_runs(script: Path, tmp_path: Path):
     assert "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs_as_a_notebook(script: Path, tmp_path: Path):
     """Cell by cell in one namespace without ``__file__``, as a Jupyter kernel runs it."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import worker_counts
 from subprocess_helpers import run_forked_ranks
 from torch.utils.data import DataLoader
 
@@ -110,7 +111,7 @@ def test_from_iterable_over_several_ranks_is_refused_when_the_loader_is_built():
         dp.Loader(dp.from_iterable(lambda: iter(range(10))), rank=0, world_size=2)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_from_iterable_with_shard_splits_across_ranks_and_workers(num_workers):
     seen = []
     for rank in range(2):
@@ -122,6 +123,7 @@ def test_from_iterable_with_shard_splits_across_ranks_and_workers(num_workers):
     assert len(seen) == len(letters())
 
 
+@pytest.mark.slow
 def test_from_iterable_as_torch_dataset_in_two_workers_raises_in_the_main_process():
     before = snapshot()
     ds = dp.from_iterable(lambda: iter(range(10))).as_torch_dataset()
@@ -142,6 +144,7 @@ def test_from_iterable_as_torch_dataset_in_two_workers_raises_in_the_main_proces
 # ----- an exception in a worker ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_worker_exception_reaches_the_main_process_with_its_traceback():
     got = []
     with dp.Loader(dp.range(40).map(fail_on_13), num_workers=2) as loader:
@@ -162,6 +165,7 @@ def test_a_worker_exception_reaches_the_main_process_with_its_traceback():
 # ----- a worker killed by a signal -------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)  # noticed promptly: a main process waiting forever fails here
 def test_a_killed_worker_raises_worker_died_error_naming_it():
     before = snapshot()
@@ -184,6 +188,7 @@ def test_a_killed_worker_raises_worker_died_error_naming_it():
 # ----- nothing left running ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_close_mid_epoch_stops_workers_and_the_next_iteration_continues_the_epoch():
     pipe = dp.range(100).shuffle().map(abs)
     with dp.Loader(pipe, seed=4, num_workers=2) as uninterrupted:
@@ -205,6 +210,7 @@ def test_close_mid_epoch_stops_workers_and_the_next_iteration_continues_the_epoc
     assert_nothing_left(before)
 
 
+@pytest.mark.slow
 def test_breaking_out_of_the_loop_mid_epoch_stops_the_workers():
     before = snapshot()
     loader = dp.Loader(dp.range(500), num_workers=2)
@@ -217,6 +223,7 @@ def test_breaking_out_of_the_loop_mid_epoch_stops_the_workers():
     assert_nothing_left(before)
 
 
+@pytest.mark.slow
 def test_dropping_the_iterator_mid_epoch_stops_the_workers():
     before = snapshot()
     loader = dp.Loader(dp.range(500).shuffle(), num_workers=2)
@@ -229,6 +236,7 @@ def test_dropping_the_iterator_mid_epoch_stops_the_workers():
     assert_nothing_left(before)
 
 
+@pytest.mark.slow
 def test_after_a_worker_error_close_leaves_nothing_running():
     before = snapshot()
     loader = dp.Loader(dp.range(40).map(fail_on_13), num_workers=2)
@@ -238,6 +246,7 @@ def test_after_a_worker_error_close_leaves_nothing_running():
     assert_nothing_left(before)
 
 
+@pytest.mark.slow
 def test_after_a_worker_error_the_workers_are_gone():
     before = snapshot()
     loader = dp.Loader(dp.range(40).map(fail_on_13), num_workers=2)
@@ -249,6 +258,7 @@ def test_after_a_worker_error_the_workers_are_gone():
         loader.close()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_taken_mid_epoch_in_workers_resumes_in_a_fresh_loader():
     pipe = dp.range(60).shuffle().map(abs).batch(4)
     reference = [[b.tolist() for b in dp.Loader(pipe, seed=2, num_workers=2)]]
@@ -299,6 +309,7 @@ def worker_tag(x: int) -> str:
     return f"{x} from worker {os.environ.get('DATAPIPES_TEST_WORKER', '(not set)')}"
 
 
+@pytest.mark.slow
 def test_dataloader_options_are_passed_on_to_the_workers():
     pipe = dp.range(30).map(worker_tag)
     with dp.Loader(
@@ -325,6 +336,7 @@ def _set_up_then_join(rank: int, store_file: str, answers) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_pipeline_set_up_before_init_process_group_refuses_to_duplicate(tmp_path):
     """Set up as one process, then torch.distributed runs 2 ranks: iterating is refused."""
     results = run_forked_ranks(_set_up_then_join, tmp_path / "store", answers_per_rank=3)
@@ -348,6 +360,7 @@ def _made_under_torchrun_before_init(rank: int, store_file: str, answers) -> Non
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_loader_made_under_torchrun_before_init_process_group_still_evens_the_epoch(tmp_path):
     """RANK/WORLD_SIZE give the ranks before the process group is up; the default
     even_batches is decided at the first epoch, when it is, so no rank takes an extra step."""
@@ -359,6 +372,7 @@ def test_a_loader_made_under_torchrun_before_init_process_group_still_evens_the_
     assert len(seen) == len(set(seen))
 
 
+@pytest.mark.slow
 def test_spawned_workers_need_a_picklable_recipe_and_say_so():
     with pytest.raises(TypeError, match="module level"):
         dp.Loader(dp.range(4).map(lambda x: x), num_workers=1, multiprocessing_context="spawn")
@@ -376,7 +390,7 @@ def _jsonl_with_bad_lines(folder) -> str:
 
 
 @pytest.mark.filterwarnings("ignore::datapipes.BadRecordWarning")
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_skipped_counts_bad_records_read_in_workers(tmp_path, num_workers):
     pipe = dp.files(_jsonl_with_bad_lines(tmp_path)).read_jsonl(on_error="skip")
     loader = dp.Loader(pipe, num_workers=num_workers)
@@ -384,7 +398,7 @@ def test_skipped_counts_bad_records_read_in_workers(tmp_path, num_workers):
     assert sum(loader.skipped().values()) == 2  # one bad line in each file
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_a_checkpoint_with_other_even_batches_is_refused(num_workers):
     options = {"rank": 0, "world_size": 2, "num_workers": num_workers}
     saved = dp.Loader(dp.range(10), even_batches=True, **options)
@@ -397,7 +411,7 @@ def test_a_checkpoint_with_other_even_batches_is_refused(num_workers):
         other.load_state_dict(state)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_an_iterator_kept_from_before_close_ends(num_workers):
     loader = dp.Loader(dp.range(10), num_workers=num_workers)
     it = iter(loader)
@@ -407,6 +421,7 @@ def test_an_iterator_kept_from_before_close_ends(num_workers):
     assert first + list(loader) == list(range(10))  # the Loader itself continues the epoch
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::datapipes.BadRecordWarning")
 def test_skip_counts_survive_asking_an_ended_worker_stream_again(tmp_path):
     pipe = dp.files(_jsonl_with_bad_lines(tmp_path)).read_jsonl(on_error="skip")

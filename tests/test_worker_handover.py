@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ def make_item(index: int) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_items_through_workers_equal_the_items_made_in_process() -> None:
     pipe = dp.range(6).map(make_item)
     expected = list(dp.Loader(pipe))
@@ -61,6 +63,7 @@ def test_small_tensors_pickle_inline_and_large_ones_do_not() -> None:
     assert type(restored) is torch.Tensor and torch.equal(restored, small)
 
 
+@pytest.mark.slow
 def test_own_dataloader_with_collation_gets_plain_tensors() -> None:
     # as_torch_dataset() under a collating DataLoader must not hand the collate any wrapper.
     from torch.utils.data import DataLoader
@@ -68,3 +71,102 @@ def test_own_dataloader_with_collation_gets_plain_tensors() -> None:
     ds = dp.range(8).map(lambda i: torch.tensor([i])).as_torch_dataset()
     batches = list(DataLoader(ds, batch_size=4, num_workers=2))
     assert sorted(int(x) for b in batches for x in b.flatten()) == list(range(8))
+
+
+# ----- item types and shared storage through the hand-over -----------------------------------
+
+
+class TaggedList(list):
+    """A list subclass: a user's item type, with or without tensors inside."""
+
+
+def tagged_list_item(x: int) -> TaggedList:
+    return TaggedList([x, x + 1])
+
+
+def shared_tensor_item(x: int) -> dict[str, Any]:
+    t = torch.full((4,), float(x))
+    return {"a": t, "b": t, "view": t[1:]}
+
+
+class TaggedTuple(tuple):
+    """A tuple subclass that carries an attribute (pickle keeps it: it has a ``__dict__``)."""
+
+
+class Pair(tuple):
+    """A tuple subclass built from its elements as separate arguments."""
+
+    def __new__(cls, *items: Any) -> Pair:
+        return super().__new__(cls, items)
+
+
+def awkward_item(i: int) -> dict[str, Any]:
+    tagged = TaggedTuple((torch.full((4,), float(i)), i))
+    tagged.source = f"file-{i}"
+    gray_chw = torch.arange(12, dtype=torch.uint8).reshape(1, 3, 4) + i
+    return {
+        "tagged": tagged,
+        "pair": Pair(torch.full((3,), float(i)), torch.full((2,), float(i))),
+        "hwc": gray_chw.permute(1, 2, 0),  # (3, 4, 1) with strides (4, 1, 12): a plain view
+    }
+
+
+@pytest.fixture(scope="module")
+def through_workers() -> tuple[list[Any], list[Any]]:
+    """The same items from ``num_workers=0`` and from ``num_workers=2`` (one run each)."""
+    pipe = dp.range(4).map(awkward_item)
+    return list(dp.Loader(pipe, num_workers=0)), list(dp.Loader(pipe, num_workers=2))
+
+
+@pytest.mark.slow
+def test_item_types_survive_the_worker_hand_over() -> None:
+    pipe = dp.range(2).map(tagged_list_item)
+    in_process = list(dp.Loader(pipe))
+    in_workers = list(dp.Loader(pipe, num_workers=1))
+    assert [type(x) for x in in_process] == [TaggedList, TaggedList]
+    assert [type(x) for x in in_workers] == [type(x) for x in in_process]
+
+
+@pytest.mark.slow
+def test_tensors_sharing_storage_still_share_after_the_worker_hand_over() -> None:
+    (item,) = list(dp.Loader(dp.range(1).map(shared_tensor_item), num_workers=1))
+    item["a"].add_(1)
+    assert torch.equal(item["a"], item["b"])
+    assert torch.equal(item["view"], item["a"][1:])
+
+
+@pytest.mark.slow
+def test_tuple_subclass_keeps_its_attributes_through_workers(
+    through_workers: tuple[list[Any], list[Any]],
+) -> None:
+    plain, workers = through_workers
+    assert [x["tagged"].source for x in plain] == [f"file-{i}" for i in range(4)]
+    assert [getattr(x["tagged"], "source", None) for x in workers] == [
+        x["tagged"].source for x in plain
+    ]
+
+
+def test_tuple_subclass_with_varargs_new_keeps_its_structure() -> None:
+    """apply_to_tensors (to_device, the inline hand-over) builds it with tuple.__new__.
+
+    (Sent to another process, such a class also needs ``__getnewargs__``: plain
+    pickle rebuilds a tuple subclass as ``cls.__new__(cls, tuple(self))``, which
+    this ``__new__`` would wrap once more. That is the class's pickling, not ours.)
+    """
+    pair = Pair(torch.zeros(3), torch.ones(2))
+    moved = dp.Loader(dp.from_sequence([pair]).map(lambda p: p).to_device("cpu"))
+    (got,) = list(moved)
+    assert type(got) is Pair and len(got) == 2
+    assert torch.equal(got[0], pair[0]) and torch.equal(got[1], pair[1])
+    packed = inline_small_tensors(pair)
+    assert type(packed) is Pair and len(packed) == 2
+
+
+@pytest.mark.slow
+def test_inline_tensors_keep_strides_of_size_one_dims(
+    through_workers: tuple[list[Any], list[Any]],
+) -> None:
+    plain, workers = through_workers
+    for a, b in zip(plain, workers):
+        assert torch.equal(a["hwc"], b["hwc"]) and a["hwc"].dtype == b["hwc"].dtype
+        assert b["hwc"].stride() == a["hwc"].stride()

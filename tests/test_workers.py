@@ -21,11 +21,14 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import assert_same, canon, multiset
 from torch.utils.data import DataLoader, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import datapipes as dp
 from nodes.testing import same
+
+pytestmark = pytest.mark.slow  # every test starts DataLoader worker processes
 
 # ----- data -----------------------------------------------------------------------------------
 
@@ -98,14 +101,6 @@ def plain(value: Any) -> Any:
     return value
 
 
-def canon(record: Any) -> str:
-    return json.dumps(plain(record), sort_keys=True)
-
-
-def multiset(records: list[Any]) -> Counter:
-    return Counter(canon(r) for r in records)
-
-
 def rows(batch: Any) -> list[Any]:
     """The records a collated batch was made of (tensor, list, or dict of those)."""
     if isinstance(batch, torch.Tensor):
@@ -127,12 +122,6 @@ def assert_exactly_once(got: list[Any], dataset: list[Any], what: str) -> None:
         f"{what}: {sum(missing.values())} records missing, {sum(extra.values())} extra or "
         f"repeated (of {len(dataset)})"
     )
-
-
-def assert_same_stream(expected: list[Any], got: list[Any], what: str) -> None:
-    assert len(expected) == len(got), f"{what}: {len(got)} items, expected {len(expected)}"
-    for i, (a, b) in enumerate(zip(expected, got)):
-        assert same(a, b), f"{what}: item {i} differs: {a!r} != {b!r}"
 
 
 def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
@@ -237,7 +226,7 @@ def test_even_batches_gives_every_rank_as_many_batches(
     missing_records = multiset(dataset) - multiset([r for s in even for b in s for r in rows(b)])
     dropped_records: list[Any] = []
     for rank in range(world_size):
-        assert_same_stream(uneven[rank][:fewest], even[rank], f"rank {rank} even epoch")
+        assert_same(uneven[rank][:fewest], even[rank], f"rank {rank} even epoch")
         extra = len(uneven[rank]) - fewest
         message = dropped_by_warning[rank]
         if extra == 0:
@@ -351,9 +340,9 @@ def test_loader_resumes_exactly_with_workers(jsonl_files, recipe: str, num_worke
         resumed = dp.Loader(pipe, seed=seed, num_workers=num_workers)
         resumed.load_state_dict(state)
         rest = list(resumed)
-        assert_same_stream(epoch0, first + rest, f"resumed at batch {position} of {n}")
+        assert_same(epoch0, first + rest, f"resumed at batch {position} of {n}")
         if position in (mid, n):  # the epoch after a resumed one
-            assert_same_stream(epoch1, list(resumed), f"epoch 1 after resume at {position}")
+            assert_same(epoch1, list(resumed), f"epoch 1 after resume at {position}")
 
 
 def test_a_resumed_loader_can_be_checkpointed_and_resumed_again(jsonl_files):
@@ -371,7 +360,7 @@ def test_a_resumed_loader_can_be_checkpointed_and_resumed_again(jsonl_files):
         state = roundtrip(loader.state_dict())
     last = dp.Loader(pipe, seed=3, num_workers=num_workers)
     last.load_state_dict(state)
-    assert_same_stream(epoch0, first + middle + list(last), "resumed twice")
+    assert_same(epoch0, first + middle + list(last), "resumed twice")
 
 
 def test_loader_resumes_in_a_later_epoch_with_workers(jsonl_files):
@@ -385,15 +374,15 @@ def test_loader_resumes_in_a_later_epoch_with_workers(jsonl_files):
     assert between["ranks"]["0"]["epoch"] == 1
     resumed = dp.Loader(pipe, seed=5, num_workers=2)
     resumed.load_state_dict(between)
-    assert_same_stream(epochs[1], list(resumed), "epoch 1 from a checkpoint between epochs")
+    assert_same(epochs[1], list(resumed), "epoch 1 from a checkpoint between epochs")
     _, first = first_items(loader, 7)
     state = roundtrip(loader.state_dict())
     loader.close()
     assert state["ranks"]["0"]["epoch"] == 1
     resumed = dp.Loader(pipe, seed=5, num_workers=2)
     resumed.load_state_dict(state)
-    assert_same_stream(epochs[1], first + list(resumed), "epoch 1 resumed")
-    assert_same_stream(epochs[2], list(resumed), "epoch 2 after the resumed epoch")
+    assert_same(epochs[1], first + list(resumed), "epoch 1 resumed")
+    assert_same(epochs[2], list(resumed), "epoch 2 after the resumed epoch")
 
 
 def test_loader_with_workers_and_even_batches_resumes_exactly(jsonl_files):
@@ -409,7 +398,7 @@ def test_loader_with_workers_and_even_batches_resumes_exactly(jsonl_files):
                 state = roundtrip(loader.state_dict())
             resumed = dp.Loader(pipe, **kwargs)
             resumed.load_state_dict(state)
-            assert_same_stream(epoch0, first + list(resumed), f"even, resumed at {position}")
+            assert_same(epoch0, first + list(resumed), f"even, resumed at {position}")
 
 
 # ----- 3. exact resume through torchdata's StatefulDataLoader over as_torch_dataset() ---------
@@ -445,10 +434,10 @@ def test_stateful_dataloader_resumes_exactly(jsonl_files, recipe: str, num_worke
         dataset, resumed = stateful_loader(pipe, num_workers)
         resumed.load_state_dict(state)
         rest = list(resumed)
-        assert_same_stream(epoch0, first + rest, f"resumed at batch {position} of {n}")
+        assert_same(epoch0, first + rest, f"resumed at batch {position} of {n}")
         if position == mid:
             dataset.set_epoch(1)
-            assert_same_stream(epoch1, list(resumed), "epoch 1 after the resumed epoch")
+            assert_same(epoch1, list(resumed), "epoch 1 after the resumed epoch")
 
 
 def test_stateful_dataloader_resumes_in_a_later_epoch(jsonl_files):
@@ -467,10 +456,10 @@ def test_stateful_dataloader_resumes_in_a_later_epoch(jsonl_files):
         resumed.load_state_dict(state)
         if set_epoch_again:
             dataset.set_epoch(1)
-        assert_same_stream(epochs[1], first + list(resumed), f"set_epoch: {set_epoch_again}")
+        assert_same(epochs[1], first + list(resumed), f"set_epoch: {set_epoch_again}")
         if not set_epoch_again:
             dataset.set_epoch(2)
-            assert_same_stream(epochs[2], list(resumed), "epoch 2 after the resumed epoch")
+            assert_same(epochs[2], list(resumed), "epoch 2 after the resumed epoch")
 
 
 # ----- 4. as_torch_dataset under torch's plain DataLoader -------------------------------------
@@ -532,14 +521,15 @@ def test_torch_dataloader_persistent_workers_advance_the_epoch(jsonl_files, name
     pipe = base.shuffle() if name == "range" else base.shuffle(buffer_size=9)
     ds = pipe.as_torch_dataset(seed=2)
     loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
-    passes = [[canon(r) for r in loader] for _ in range(2)]
+    records = [list(loader) for _ in range(2)]
+    passes = [[canon(r) for r in got] for got in records]
     expected = []
     for epoch in (0, 1):
         fresh = pipe.as_torch_dataset(seed=2)
         fresh.set_epoch(epoch)
         expected.append([canon(r) for r in plain_loader(fresh, 2)])
     for epoch in (0, 1):
-        assert_exactly_once([json.loads(r) for r in passes[epoch]], dataset, f"pass {epoch}")
+        assert_exactly_once(records[epoch], dataset, f"pass {epoch}")
     assert passes == expected
     assert passes[0] != passes[1]
 
@@ -612,7 +602,7 @@ def test_same_seed_and_workers_give_identical_streams(jsonl_files):
 
     a, b = two_epochs(6), two_epochs(6)
     for epoch in (0, 1):
-        assert_same_stream(a[epoch], b[epoch], f"epoch {epoch}")
+        assert_same(a[epoch], b[epoch], f"epoch {epoch}")
     other = two_epochs(7)
     assert not all(same(x, y) for x, y in zip(a[0], other[0])), "the seed changes nothing"
 
@@ -686,3 +676,26 @@ def test_checkpoints_with_workers_are_the_same_in_every_run():
         return state
 
     assert checkpoint() == checkpoint()
+
+
+def test_workers_of_different_ranks_draw_different_seeds():
+    """DESIGN: random streams differ per consumer; ranks' workers must not repeat augmentations."""
+    pipe = dp.range(8).map(item_and_worker_seed)
+    seeds = [
+        {s for _, s in dp.Loader(pipe, seed=5, num_workers=1, rank=r, world_size=2)}
+        for r in range(2)
+    ]
+    assert seeds[0].isdisjoint(seeds[1]), seeds
+
+
+def test_persistent_workers_leave_the_global_rng_alone_across_epochs():
+    """Checked, holds: with persistent workers, two epochs draw nothing from torch's RNG."""
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    loader = dp.Loader(
+        dp.range(6).map(item_and_worker_seed), seed=1, num_workers=2, persistent_workers=True
+    )
+    epochs = [[x for x, _ in loader] for _ in range(2)]
+    loader.close()
+    assert torch.equal(torch.get_rng_state(), before)
+    assert [sorted(e) for e in epochs] == [list(range(6))] * 2

@@ -1,0 +1,83 @@
+"""Helpers that several test modules share: comparing items and records, and one recipe with
+every kind of step. (Module level, so DataLoader workers and process pools can pickle them.)"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import datapipes as dp
+from nodes.testing import same
+
+# ----- comparing items ------------------------------------------------------------------------
+
+
+def assert_same(expected: list[Any], got: list[Any], what: str = "") -> None:
+    """``got`` holds the same items as ``expected`` (``nodes.testing.same``), in the same order.
+
+    The first differing item is named before a difference in length, so a lost or extra
+    item shows where the streams part. ``what`` starts the message (e.g. the case's name).
+    """
+    prefix = f"{what}: " if what else ""
+    for i, (a, b) in enumerate(zip(expected, got)):
+        assert same(a, b), f"{prefix}item {i}: expected {a!r:.300}, got {b!r:.300}"
+    assert len(got) == len(expected), f"{prefix}{len(expected)} items expected, got {len(got)}"
+
+
+def canon(value: Any) -> Any:
+    """A hashable canonical form of a record, to compare records as multisets.
+
+    Tensors count as the lists they hold (a record is the same whether a worker collated it
+    or not) and numpy scalars as Python numbers; arrays keep their dtype and shape; numbers
+    keep their type (1, 1.0 and True differ, as they do in JSON); dicts ignore key order.
+    """
+    if isinstance(value, torch.Tensor):
+        return canon(value.tolist())
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, canon(value.tolist()))
+    if isinstance(value, np.generic):
+        return canon(value.item())
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((k, canon(v)) for k, v in value.items())))
+    if isinstance(value, list | tuple):
+        return ("seq", tuple(canon(v) for v in value))
+    if isinstance(value, bool | int | float):
+        return (type(value).__name__, value)
+    return value
+
+
+def multiset(records: list[Any]) -> Counter:
+    """The records as a multiset (of their canonical forms): order does not count, copies do."""
+    return Counter(canon(r) for r in records)
+
+
+# ----- one recipe with every kind of step ------------------------------------------------------
+
+
+def is_odd(x: int) -> bool:
+    return x % 2 == 1
+
+
+def tenfold(x: int) -> int:
+    return 10 * x
+
+
+def rich_pipe() -> dp.DataPipe[Any]:
+    """Global shuffle, filter, buffer shuffle, parallel map, mix, repeat, batch, unbatch and
+    prefetch in one recipe."""
+    left = dp.range(60).shuffle().filter(is_odd).shuffle(buffer_size=7)
+    right = dp.range(100, 140).map(tenfold, num_workers=2).repeat(2)
+    return dp.mix([left, right], [2, 1]).batch(3).unbatch().prefetch(2).batch(4)
+
+
+# ----- the slow marker -----------------------------------------------------------------------
+
+
+def worker_counts(*counts: int) -> list[Any]:
+    """``num_workers`` values for ``parametrize``: 0 stays in the fast loop (``-m "not slow"``);
+    more start DataLoader worker processes, so those cases are marked slow."""
+    return [n if n == 0 else pytest.param(n, marks=pytest.mark.slow) for n in counts]
