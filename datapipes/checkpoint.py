@@ -2,7 +2,7 @@
 
 A Loader state is plain data (json and ``torch.load(weights_only=True)`` safe)::
 
-    {"version": 3, "fingerprint": "...", "steps": [...], "seed": 0,
+    {"version": 4, "fingerprint": "...", "steps": [...], "seed": 0,
      "topology": {"world_size": 2, "num_workers": 4, "even_batches": True},
      "ranks": {"1": {"epoch": 3, "node": "<this rank's node states, as JSON>"}}}
 
@@ -27,13 +27,19 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-#: 3: shuffles of up to 65,536 items draw uniform permutations, unlike version 2's
-#: (so a version-2 position would land in another order). The layout is version 2's.
-STATE_VERSION = 3
+#: 4: every node keeps its input's state under ``nodes.UPSTREAM`` (``"upstream"``; version
+#: 3 used ``"up"``, ``"anchor"``, ``"inputs"``, ``"current"``), and random streams derive
+#: from the recipe's structure, not its display string, so shuffle orders moved.
+#: 3: shuffles of up to 65,536 items draw uniform permutations, unlike version 2's.
+STATE_VERSION = 4
 
 #: Why a state of an older version cannot resume exactly, by version.
 _WHY_REFUSED = {
     2: "whose shuffles ordered items differently",
+    3: (
+        "whose node states were laid out differently and whose shuffle orders derived "
+        "from the recipe's display string, not its structure"
+    ),
 }
 
 
@@ -164,8 +170,8 @@ def find_loader_states(obj: Any) -> list[tuple[str, dict[str, Any]]]:
     ``"ranks"``; the path reads like ``"data"`` or ``"extra.loaders[1]"``
     (``""`` when ``obj`` itself is one).
 
-    >>> find_loader_states({"model": {}, "data": {"version": 3, "fingerprint": "f", "ranks": {}}})
-    [('data', {'version': 3, 'fingerprint': 'f', 'ranks': {}})]
+    >>> find_loader_states({"model": {}, "data": {"version": 4, "fingerprint": "f", "ranks": {}}})
+    [('data', {'version': 4, 'fingerprint': 'f', 'ranks': {}})]
     """
     found: list[tuple[str, dict[str, Any]]] = []
 

@@ -4,7 +4,7 @@ Users normally build nodes from a recipe (``datapipes``); power users and
 authors of custom steps use these classes directly.
 """
 
-from nodes.base import Context, Node, ScopedContext, State
+from nodes.base import UPSTREAM, Context, Node, ScopedContext, State
 from nodes.batch import BatchNode, unbatch_items
 from nodes.collate import default_collate, no_collate
 from nodes.combine import ConcatNode, MixNode, ZipNode
@@ -56,6 +56,7 @@ __all__ = [
     "StatsNode",
     "TakeNode",
     "ToDeviceNode",
+    "UPSTREAM",
     "UniformStream",
     "WholeDataContext",
     "WorkerStreamNode",

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 T = TypeVar("T")
 
 State = dict[str, Any]
+
+#: The key under which a node keeps its input's state in its own (``{UPSTREAM: ...,
+#: "taken": 3}``), or a list of them, one per input (zip, mix). What a state holds is
+#: read through :meth:`Node.upstream_states`, which follows this key by default.
+UPSTREAM = "upstream"
 
 
 class Context:
@@ -153,10 +158,44 @@ class Node(Iterator[T]):
 
             def state_dict(self):
                 return self.upstream.state_dict()
+
+            @classmethod
+            def upstream_states(cls, state):
+                return [(0, state)]  # its state is its input's (see upstream_states)
     """
+
+    #: A short name for this kind of node, recorded with checkpoints and shown by
+    #: ``python -m datapipes inspect``; a subclass that sets none is named by its class.
+    kind: ClassVar[str] = "Node"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" not in cls.__dict__:
+            cls.kind = cls.__name__
 
     def __init__(self, *inputs: Node) -> None:
         self.inputs: tuple[Node, ...] = inputs
+
+    @classmethod
+    def upstream_states(cls, state: State) -> list[tuple[int, State]]:
+        """``(input index, that input's state)`` for each input state nested in ``state``.
+
+        The default follows :data:`UPSTREAM`: a dict there is input 0's state,
+        a list holds one per input; a state without it nests none (``inspect``
+        then shows it as one opaque level). A node whose state *is* its
+        input's returns ``[(0, state)]``; a node with another layout overrides
+        this. It is a class method because the layout belongs to the node
+        type: ``inspect`` asks the type recorded in a checkpoint, building nothing.
+
+        >>> Node.upstream_states({UPSTREAM: [{"position": 1}, {"position": 2}], "draws": 4})
+        [(0, {'position': 1}), (1, {'position': 2})]
+        """
+        upstream = state.get(UPSTREAM) if isinstance(state, dict) else None
+        if isinstance(upstream, dict):
+            return [(0, upstream)]
+        if isinstance(upstream, list):
+            return [(i, up) for i, up in enumerate(upstream) if isinstance(up, dict)]
+        return []
 
     def reset(self, state: State | None = None) -> None:
         """Start the epoch (``None``) or continue from ``state``."""

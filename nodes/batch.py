@@ -18,6 +18,8 @@ class BatchNode(Node):
     is yielded, or dropped with ``drop_last=True``.
     """
 
+    kind = "batch"
+
     def __init__(
         self,
         upstream: Node,
@@ -47,6 +49,10 @@ class BatchNode(Node):
 
     def state_dict(self) -> State:
         return self._up.state_dict()
+
+    @classmethod
+    def upstream_states(cls, state: State) -> list[tuple[int, State]]:
+        return [(0, state)]  # its state is its input's
 
 
 def unbatch_items(batch: Any) -> list[Any]:

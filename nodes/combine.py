@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from itertools import accumulate, chain
 from typing import Any
 
-from nodes.base import Context, Node, NotReset, State
+from nodes.base import UPSTREAM, Context, Node, NotReset, State
 from nodes.rng import UniformStream
 
 STOP_RULES = ("all_exhausted", "first_exhausted")
@@ -29,8 +29,10 @@ class ConcatNode(Node):
     """Yields every item of the first upstream, then the second, and so on.
 
     Upstreams are reset lazily, when their turn comes. State: which upstream
-    is running and its position.
+    is running and its position, ``{"index": i, UPSTREAM: its state}``.
     """
+
+    kind = "concat"
 
     def __init__(self, upstreams: Sequence[Node]) -> None:
         super().__init__(*upstreams)
@@ -38,7 +40,7 @@ class ConcatNode(Node):
 
     def reset(self, state: State | None = None) -> None:
         index = 0 if state is None else int(state["index"])
-        first_state = None if state is None else state["current"]
+        first_state = None if state is None else state[UPSTREAM]
         self._index = index
         if index < len(self.inputs):
             self.inputs[index].reset(first_state)
@@ -61,21 +63,28 @@ class ConcatNode(Node):
     def state_dict(self) -> State:
         index = self._index
         current = self.inputs[index].state_dict() if index < len(self.inputs) else None
-        return {"index": index, "current": current}
+        return {"index": index, UPSTREAM: current}
+
+    @classmethod
+    def upstream_states(cls, state: State) -> list[tuple[int, State]]:
+        current = state.get(UPSTREAM)
+        return [] if current is None else [(int(state["index"]), current)]
 
 
 class ZipNode(Node):
     """Yields tuples of one item from each upstream; stops with the shortest.
 
-    State: every upstream's position.
+    State: every upstream's position, ``{UPSTREAM: [one per upstream]}``.
     """
+
+    kind = "zip"
 
     def __init__(self, upstreams: Sequence[Node]) -> None:
         super().__init__(*upstreams)
         self._it: Iterator[Any] = NotReset(self)
 
     def reset(self, state: State | None = None) -> None:
-        states = [None] * len(self.inputs) if state is None else state["inputs"]
+        states = [None] * len(self.inputs) if state is None else state[UPSTREAM]
         for node, node_state in zip(self.inputs, states):
             node.reset(node_state)
         # chain() lets go of the zip once it has ended: a zip asked again would read its
@@ -89,7 +98,7 @@ class ZipNode(Node):
         return self._it
 
     def state_dict(self) -> State:
-        return {"inputs": [node.state_dict() for node in self.inputs]}
+        return {UPSTREAM: [node.state_dict() for node in self.inputs]}
 
 
 class MixNode(Node):
@@ -104,8 +113,11 @@ class MixNode(Node):
       is exhausted, keeping the proportions exact to the end.
 
     Draws come from a seekable stream keyed by (seed, epoch, node, consumer).
-    State: the draw counter, which upstreams are exhausted, and each one's position.
+    State: the draw counter, which upstreams are exhausted, and each one's position
+    (``UPSTREAM``: one per upstream).
     """
+
+    kind = "mix"
 
     def __init__(
         self,
@@ -128,7 +140,7 @@ class MixNode(Node):
     def reset(self, state: State | None = None) -> None:
         key = self._ctx.random_key(self._key, self._ctx.consumer_index, seed=self._seed)
         self._draws = UniformStream(key)
-        states = [None] * len(self.inputs) if state is None else state["inputs"]
+        states = [None] * len(self.inputs) if state is None else state[UPSTREAM]
         for node, node_state in zip(self.inputs, states):
             node.reset(node_state)
         self._sources = [iter(node) for node in self.inputs]
@@ -160,5 +172,5 @@ class MixNode(Node):
             "draws": self._draws.position(),
             "exhausted": list(self._exhausted),
             "ended": self._ended,
-            "inputs": [node.state_dict() for node in self.inputs],
+            UPSTREAM: [node.state_dict() for node in self.inputs],
         }

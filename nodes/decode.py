@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nodes.base import Node, NotReset, State
+from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import BadRecordError, ErrorPolicy
 
 Decoder = Callable[[bytes], Any]
@@ -158,6 +158,8 @@ class DecodeNode(Node):
     State: upstream's state and the number of samples skipped so far.
     """
 
+    kind = "decode"
+
     def __init__(self, upstream: Node, decoder: SampleDecoder) -> None:
         super().__init__(upstream)
         self._up = upstream
@@ -166,7 +168,7 @@ class DecodeNode(Node):
         self._it: Iterator[Any] = NotReset(self)
 
     def reset(self, state: State | None = None) -> None:
-        self._up.reset(None if state is None else state["up"])
+        self._up.reset(None if state is None else state[UPSTREAM])
         self.errors.count = 0 if state is None else int(state["skipped"])
         decoded = map(self._decoder, iter(self._up))
         self._it = filter(partial(is_not, _SKIP), decoded) if self.errors.skip else decoded
@@ -178,4 +180,4 @@ class DecodeNode(Node):
         return self._it
 
     def state_dict(self) -> State:
-        return {"up": self._up.state_dict(), "skipped": self.errors.count}
+        return {UPSTREAM: self._up.state_dict(), "skipped": self.errors.count}

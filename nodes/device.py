@@ -98,6 +98,8 @@ class PinMemoryNode(MapNode):
     through unchanged.
     """
 
+    kind = "pin_memory"
+
     def __init__(self, upstream: Node) -> None:
         super().__init__(upstream, _pinned if can_pin_memory() else _unchanged)
 
@@ -118,6 +120,8 @@ class ToDeviceNode(MapNode):
     ``device=None`` means the current CUDA device when CUDA is available and
     no copy at all otherwise. Any other device is a plain ``.to(device)``.
     """
+
+    kind = "to_device"
 
     def __init__(self, upstream: Node, device: str | torch.device | None = None) -> None:
         self.device = resolve_device(device)

@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from nodes.base import Node, State
+from nodes.base import UPSTREAM, Node, State
 
 
 class UnevenDataWarning(UserWarning):
@@ -103,6 +103,8 @@ class EvenBatchesNode(Node):
     again in step.
     """
 
+    kind = "even_batches"
+
     def __init__(
         self, upstream: Node, agreement: RankAgreement, *, rank: int, epoch: Callable[[], int]
     ) -> None:
@@ -118,7 +120,7 @@ class EvenBatchesNode(Node):
         self._position: State | None = None
 
     def reset(self, state: State | None = None) -> None:
-        self._up.reset(None if state is None else state["upstream"])
+        self._up.reset(None if state is None else state[UPSTREAM])
         self._keep_states = self._agreement.lookahead > 1
         # With one item ahead at most, upstream's own position is the one after the last item
         # returned whenever a state can be taken; further ahead, each item keeps its own.
@@ -165,4 +167,4 @@ class EvenBatchesNode(Node):
     def state_dict(self) -> State:
         position = self._position if self._keep_states else self._up.state_dict()
         ended = self._final and not self._granted
-        return {"upstream": position, "yielded": self._yielded, "ended": ended}
+        return {UPSTREAM: position, "yielded": self._yielded, "ended": ended}

@@ -120,6 +120,8 @@ class FileListNode(Node):
     State: ``{"position": k, "listing": ...}``; resume is O(1).
     """
 
+    kind = "file list"
+
     def __init__(self, files: FileSet, ctx: Context) -> None:
         super().__init__()
         self._files = files

@@ -18,7 +18,7 @@ from concurrent.futures import (
 from time import perf_counter
 from typing import Any, NoReturn
 
-from nodes.base import Node, NotReset, State
+from nodes.base import UPSTREAM, Node, NotReset, State
 
 METHODS = ("thread", "process")
 _END = object()
@@ -135,7 +135,7 @@ class ParallelMapNode(Node):
       re-reading its input would skip the wrong items (the recipe layer
       refuses that: ``datapipes.placement.check_replay_order``).
 
-    State: ``{"up": upstream state at a snapshot, "skip": k, "done": [...]}``.
+    State: ``{UPSTREAM: upstream state at a snapshot, "skip": k, "done": [...]}``.
     Upstream's state is snapshotted once every ``SNAPSHOT_EVERY`` reads, not
     per item; a resume restores the snapshot and re-reads the first ``skip``
     items and the ``done`` ones (returned out of order before the checkpoint)
@@ -147,6 +147,8 @@ class ParallelMapNode(Node):
 
     ``busy_seconds`` is the time ``fn`` ran, summed over the pool.
     """
+
+    kind = "parallel map"
 
     def __init__(
         self,
@@ -182,12 +184,13 @@ class ParallelMapNode(Node):
     # ----- positions --------------------------------------------------------------
     def reset(self, state: State | None = None) -> None:
         self._drop_in_flight()
-        self._up.reset(None if state is None else state["up"])
+        self._up.reset(None if state is None else state[UPSTREAM])
         self._src = iter(self._up)
         skip = 0 if state is None else int(state["skip"])
         done = set() if state is None else {int(n) for n in state["done"]}
         # Items are numbered by upstream reads since the snapshot at number 0.
-        self._snaps: dict[int, State] = {0: self._up.state_dict() if state is None else state["up"]}
+        start = self._up.state_dict() if state is None else state[UPSTREAM]
+        self._snaps: dict[int, State] = {0: start}
         self._read = 0
         self._already_returned = done  # to re-read without calling fn or returning them
         self._returned = set(done)  # returned numbers above the contiguous prefix
@@ -218,7 +221,7 @@ class ParallelMapNode(Node):
         prefix = self._prefix
         base = max(n for n in self._snaps if n <= prefix)
         return {
-            "up": self._snaps[base],
+            UPSTREAM: self._snaps[base],
             "skip": prefix - base,
             "done": sorted(n - base for n in self._returned),
         }

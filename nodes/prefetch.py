@@ -30,6 +30,8 @@ class PrefetchNode(Node):
     stop and join the thread.
     """
 
+    kind = "prefetch"
+
     #: its input runs elsewhere (a thread, worker processes): see nodes.stats
     upstream_in_background = True
 
@@ -99,6 +101,10 @@ class PrefetchNode(Node):
     def state_dict(self) -> State:
         assert self._state is not None, "reset() the node before asking for its state"
         return self._state
+
+    @classmethod
+    def upstream_states(cls, state: State) -> list[tuple[int, State]]:
+        return [(0, state)]  # its state is its input's
 
     def _stop_thread(self) -> None:
         thread = self._thread

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
-from nodes.base import Context, Node, NotReset, State
+from nodes.base import UPSTREAM, Context, Node, NotReset, State
 
 
 class WholeDataContext(Context):
@@ -43,6 +43,8 @@ class ShardNode(Node):
     skip before the next kept one (``c`` at the start, ``C - 1`` after).
     """
 
+    kind = "shard"
+
     def __init__(self, upstream: Node, ctx: Context) -> None:
         super().__init__(upstream)
         self._up = upstream
@@ -51,7 +53,7 @@ class ShardNode(Node):
         self._skip = 0
 
     def reset(self, state: State | None = None) -> None:
-        self._up.reset(None if state is None else state["upstream"])
+        self._up.reset(None if state is None else state[UPSTREAM])
         index, count = self._ctx.consumer_index, self._ctx.num_consumers
         self._skip = index if state is None else int(state["skip"])
         # islice consumes the skipped items only when asked for the next kept one, so
@@ -67,4 +69,4 @@ class ShardNode(Node):
 
     def state_dict(self) -> State:
         skip = self._count - 1 if self._started else self._skip
-        return {"upstream": self._up.state_dict(), "skip": skip}
+        return {UPSTREAM: self._up.state_dict(), "skip": skip}

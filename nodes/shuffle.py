@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from itertools import count
 from typing import Any
 
-from nodes.base import Context, Node, NotReset, State
+from nodes.base import UPSTREAM, Context, Node, NotReset, State
 from nodes.rng import UniformStream
 
 
@@ -20,7 +20,8 @@ class BufferShuffleNode(Node):
     stream keyed by (seed, epoch, node, consumer): nothing global is touched.
 
     **State** holds positions, never items: an *anchor* (upstream's state at
-    some earlier point, and how many items had been read then), how many items
+    some earlier point, under ``UPSTREAM``, and how many items had been read
+    then, ``"anchor_seq"``), how many items
     have been read since, the draw counter, and, for each buffer slot, which
     item (by its read count) sits there: ``buffer_size`` integers. Taking a
     state copies that list of integers (one C-level copy, O(buffer_size)).
@@ -34,6 +35,8 @@ class BufferShuffleNode(Node):
     probability ``(1 - 1/buffer_size) ** m``; measured: 600 reads for a
     buffer of 100, 6,000-8,000 for a buffer of 1,000).
     """
+
+    kind = "buffer shuffle"
 
     def __init__(
         self, upstream: Node, buffer_size: int, ctx: Context, key: int, seed: int | None = None
@@ -66,7 +69,7 @@ class BufferShuffleNode(Node):
         self._src = self._run(iter(self._up), self._anchors[-1][0] + self._anchor_every - 1)
 
     def _restore(self, state: State) -> int:
-        anchor_seq, anchor_state = int(state["anchor_seq"]), state["anchor"]
+        anchor_seq, anchor_state = int(state["anchor_seq"]), state[UPSTREAM]
         self._up.reset(anchor_state)
         seq = int(state["seq"])
         self._slots = [int(seq) for seq in state["slots"]]
@@ -137,7 +140,7 @@ class BufferShuffleNode(Node):
         # pruned against min(slots), and that minimum only grows.
         anchor_seq, anchor_state = self._anchors[0]
         return {
-            "anchor": anchor_state,
+            UPSTREAM: anchor_state,
             "anchor_seq": anchor_seq,
             "seq": self._counter.__reduce__()[1][0],
             "slots": list(self._slots),

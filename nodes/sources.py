@@ -36,6 +36,8 @@ class SequenceNode(Node):
     Resume costs O(1) whatever ``k`` is.
     """
 
+    kind = "sequence source"
+
     def __init__(
         self,
         seq: Sequence[Any],
@@ -150,6 +152,8 @@ class IterableNode(Node):
     ``source`` may also be a zero-argument callable returning the iterable.
     A one-shot iterator (a generator object) cannot restart and is rejected.
     """
+
+    kind = "iterable source"
 
     def __init__(self, source: Iterable[Any] | Callable[[], Iterable[Any]], ctx: Context) -> None:
         super().__init__()

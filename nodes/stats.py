@@ -52,6 +52,8 @@ class StatsNode(Node):
     scaled to all items: an estimate that keeps the per-item cost low.
     """
 
+    kind = "stats"
+
     def __init__(self, inner: Node, key: str, step: str, *, sample_every: int = SAMPLE_EVERY):
         super().__init__(inner)
         self.inner = inner
@@ -131,6 +133,10 @@ class StatsNode(Node):
 
     def state_dict(self) -> State:
         return self.inner.state_dict()
+
+    @classmethod
+    def upstream_states(cls, state: State) -> list[tuple[int, State]]:
+        return [(0, state)]  # its state is its input's
 
 
 def _inside(node: StatsNode) -> Iterator[Node]:

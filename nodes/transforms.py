@@ -7,6 +7,7 @@ from itertools import chain
 from typing import Any
 
 from nodes.base import (
+    UPSTREAM,
     Node,
     NotReset,
     ScopedContext,
@@ -43,15 +44,23 @@ class _StatelessStep(Node):
     def state_dict(self) -> State:
         return self._up.state_dict()
 
+    @classmethod
+    def upstream_states(cls, state: State) -> list[tuple[int, State]]:
+        return [(0, state)]  # its state is its input's
+
 
 class MapNode(_StatelessStep):
     """Applies ``fn`` to every item."""
+
+    kind = "map"
 
     _chain = staticmethod(map)  # type: ignore[assignment]
 
 
 class FilterNode(_StatelessStep):
     """Keeps the items for which the predicate ``fn`` is true."""
+
+    kind = "filter"
 
     _chain = staticmethod(filter)  # type: ignore[assignment]
 
@@ -64,6 +73,8 @@ class FlatMapNode(Node):
     on it again (so ``fn`` must be deterministic), then skips ``offset`` outputs.
     """
 
+    kind = "flat_map"
+
     def __init__(self, upstream: Node, fn: Callable[[Any], Iterable[Any]]) -> None:
         super().__init__(upstream)
         self._up = upstream
@@ -71,7 +82,7 @@ class FlatMapNode(Node):
         self._it: Iterator[Any] = NotReset(self)
 
     def reset(self, state: State | None = None) -> None:
-        before = None if state is None else state["up"]
+        before = None if state is None else state[UPSTREAM]
         offset = 0 if state is None else int(state["offset"])
         self._up.reset(before)
         self._before = self._up.state_dict() if before is None else before
@@ -105,12 +116,14 @@ class FlatMapNode(Node):
         if current is not None:
             offset = list_iterator_position(current, self._current_len)
             if offset < self._current_len:
-                return {"up": self._before, "offset": offset}
-        return {"up": self._up.state_dict(), "offset": 0}
+                return {UPSTREAM: self._before, "offset": offset}
+        return {UPSTREAM: self._up.state_dict(), "offset": 0}
 
 
 class TakeNode(Node):
     """Stops after ``count`` items. State: upstream's and how many were taken."""
+
+    kind = "take"
 
     def __init__(self, upstream: Node, count: int) -> None:
         super().__init__(upstream)
@@ -119,7 +132,7 @@ class TakeNode(Node):
         self._src: Iterator[Any] = NotReset(self)
 
     def reset(self, state: State | None = None) -> None:
-        self._up.reset(None if state is None else state["up"])
+        self._up.reset(None if state is None else state[UPSTREAM])
         self._taken = 0 if state is None else int(state["taken"])
         self._src = iter(self._up)
 
@@ -131,7 +144,7 @@ class TakeNode(Node):
         return item
 
     def state_dict(self) -> State:
-        return {"up": self._up.state_dict(), "taken": self._taken}
+        return {UPSTREAM: self._up.state_dict(), "taken": self._taken}
 
 
 class RepeatNode(Node):
@@ -142,6 +155,8 @@ class RepeatNode(Node):
     repetition, so an empty source never spins forever.
     State: the round number and upstream's position in it.
     """
+
+    kind = "repeat"
 
     def __init__(self, upstream: Node, scope: ScopedContext, times: int | None) -> None:
         super().__init__(upstream)
@@ -155,7 +170,7 @@ class RepeatNode(Node):
         self._yielded = False if state is None else bool(state["yielded"])
         self._scope.tag = self._round
         self._done = self._times is not None and self._round >= self._times
-        self._up.reset(None if state is None else state["up"])
+        self._up.reset(None if state is None else state[UPSTREAM])
         self._src = iter(self._up)
 
     def __next__(self) -> Any:
@@ -174,4 +189,4 @@ class RepeatNode(Node):
         raise StopIteration
 
     def state_dict(self) -> State:
-        return {"round": self._round, "yielded": self._yielded, "up": self._up.state_dict()}
+        return {"round": self._round, "yielded": self._yielded, UPSTREAM: self._up.state_dict()}

@@ -103,6 +103,8 @@ class WorkerStreamNode(Node):
     traceback; a worker that dies ends the epoch with an error naming it.
     """
 
+    kind = "workers"
+
     #: its input runs elsewhere (a thread, worker processes): see nodes.stats
     upstream_in_background = True
 

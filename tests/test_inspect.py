@@ -108,7 +108,7 @@ def test_torch_save_checkpoint_mid_epoch_shows_epoch_fingerprint_and_reader(reci
     assert done.returncode == 0, done.stderr
     out = done.stdout
     node = node_of(state)
-    reader = node["anchor"]
+    reader = node["upstream"]
     assert "Loader state at 'data'" in out
     assert f"fingerprint  {pipe.fingerprint()}" in out
     assert f"rank 0: epoch {state['ranks']['0']['epoch']}" in out
@@ -123,12 +123,12 @@ def test_torch_save_checkpoint_mid_epoch_shows_epoch_fingerprint_and_reader(reci
     # the buffer's positions are summarised, never dumped
     assert f"slots={len(node['slots'])} positions" in out
     assert str(node["slots"]) not in out
-    # levels: the shuffle, then its anchor (the reader) one level deeper
+    # levels: the shuffle, then its anchor (the reader, its upstream) one level deeper
     lines = out.splitlines()
     shuffle_line = next(line for line in lines if "(buffer shuffle)" in line)
     reader_line = next(line for line in lines if "(reader)" in line)
     indent = len(shuffle_line) - len(shuffle_line.lstrip())
-    assert reader_line.startswith(" " * (indent + 2) + "anchor: ")
+    assert reader_line.startswith(" " * (indent + 2) + "upstream: ")
 
 
 @pytest.mark.slow
@@ -181,7 +181,7 @@ def test_two_workers_show_each_worker_and_the_next_one(recipe, tmp_path, capsys)
         header = f"worker {worker} (consumer {worker} of 2): epoch 0, skipped: none"
         assert header in out
         block = out.split(header, 1)[1]
-        reader = dataset["node"]["anchor"]
+        reader = dataset["node"]["upstream"]
         assert f"file={reader['file']}" in block.split("\n      worker", 1)[0]
     # with the recipe, each worker's levels carry its steps
     assert out.count(".shuffle(buffer_size=16).batch(4) (buffer shuffle)") == 2
@@ -298,10 +298,10 @@ def test_in_process_description_with_and_without_recipe():
     labelled = describe_checkpoint(state, pipe)
 
     assert "(mix)" in plain and f"draws={node['draws']}" in plain
-    assert f"round={node['inputs'][1]['round']}" in plain
+    assert f"round={node['upstream'][1]['round']}" in plain
     assert "repeat(2) (repeat)" in plain  # the one saved step of that kind
     assert "dp.mix(2 pipes, weights=[1.0, 3.0], stop='all_exhausted').batch(2) (mix)" in labelled
-    assert f"inputs[0]: {pipe.inputs[0].inputs[0]!r} (sequence source)" in labelled
+    assert f"upstream[0]: {pipe.inputs[0].inputs[0]!r} (sequence source)" in labelled
     assert "recipe check (recipe): OK" in labelled
     with pytest.raises(ValueError, match="top-level keys"):
         describe_checkpoint({"model": {}})

@@ -30,7 +30,7 @@ In-process, for tutorials and notebooks::
     >>> _ = next(iter(loader))
     >>> print(describe_checkpoint({"data": loader.state_dict()}))  # doctest: +ELLIPSIS
     Loader state at 'data'
-      version      3
+      version      4
       fingerprint  ...
       seed         1
       steps

@@ -62,8 +62,9 @@ def _render_state(
     writer.line(0, f"Loader state at {path!r}" if path else "Loader state at the top level")
     version = state.get("version")
     writer.line(1, f"version      {version}")
-    if version not in (2, 3):
-        writer.line(2, "! this datapipes reads versions 2 and 3; what follows may be incomplete")
+    if version != STATE_VERSION and version not in (2, 3):
+        writer.line(2, f"! this datapipes reads versions 2 to {STATE_VERSION}; what follows may be "
+                    "incomplete")
     elif version != STATE_VERSION:
         writer.line(2, f"! saved by an older datapipes; a version {STATE_VERSION} Loader refuses")
     writer.line(1, f"fingerprint  {state.get('fingerprint')}")

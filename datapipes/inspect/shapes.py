@@ -35,17 +35,17 @@ from nodes import (
 _SHAPES: list[tuple[str, set[str], bool]] = [
     ("reader", {"unit", "cursor", "index", "skipped", "listing"}, False),
     ("file list", {"position", "listing"}, False),
-    ("buffer shuffle", {"anchor", "anchor_seq", "seq", "slots", "draws"}, False),
-    ("mix", {"draws", "exhausted", "inputs"}, False),
-    ("zip", {"inputs"}, True),
-    ("concat", {"index", "current"}, False),
+    ("buffer shuffle", {"upstream", "anchor_seq", "seq", "slots", "draws"}, False),
+    ("mix", {"draws", "exhausted", "upstream"}, False),
+    ("zip", {"upstream"}, True),
+    ("concat", {"index", "upstream"}, False),
     ("even_batches", {"upstream", "yielded", "ended"}, False),
+    ("parallel map", {"upstream", "skip", "done"}, False),
     ("shard", {"upstream", "skip"}, False),
-    ("repeat", {"round", "yielded", "up"}, False),
-    ("take", {"up", "taken"}, False),
-    ("flat_map", {"up", "offset"}, False),
-    ("parallel map", {"up", "skip", "done"}, False),
-    ("decode", {"up", "skipped"}, False),
+    ("repeat", {"round", "yielded", "upstream"}, False),
+    ("take", {"upstream", "taken"}, False),
+    ("flat_map", {"upstream", "offset"}, False),
+    ("decode", {"upstream", "skipped"}, False),
     ("workers", {"dataloader"}, False),
     ("workers", {"ended"}, True),
     ("sequence source", {"position"}, True),
@@ -75,13 +75,13 @@ _KIND_OF_TYPE = {node_type: kind for kind, (node_type, _) in _TAKEN_BY.items()}
 #: Node types whose state is their upstream's (no level of their own).
 _PASS_THROUGH: tuple[type, ...] = (MapNode, FilterNode, BatchNode, PrefetchNode)
 
-_NESTING_KEYS = ("up", "upstream", "anchor", "current")
+_NESTING_KEYS = ("upstream",)
 
 
 def kind_of(state: Any) -> str | None:
     """The kind of node state ``state`` is, told by its keys (``None``: unknown).
 
-    >>> kind_of({"up": {"position": 3}, "taken": 2}), kind_of({"position": 3})
+    >>> kind_of({"upstream": {"position": 3}, "taken": 2}), kind_of({"position": 3})
     ('take', 'sequence source')
     """
     if not isinstance(state, dict):
@@ -106,14 +106,14 @@ def step_prefixes(kind: str | None) -> tuple[str, ...]:
 def children(state: dict[str, Any], kind: str | None) -> list[tuple[str, Any, int]]:
     """``(key, child state, input index)`` of the upstream states nested in ``state``.
 
-    >>> children({"draws": 4, "exhausted": [], "inputs": [{"position": 1}]}, "mix")
-    [('inputs[0]', {'position': 1}, 0)]
+    >>> children({"draws": 4, "exhausted": [], "upstream": [{"position": 1}]}, "mix")
+    [('upstream[0]', {'position': 1}, 0)]
     """
     if kind == "concat":
-        current = state.get("current")
-        return [] if current is None else [("current", current, int(state["index"]))]
+        current = state.get("upstream")
+        return [] if current is None else [("upstream", current, int(state["index"]))]
     if kind in ("zip", "mix"):
-        return [(f"inputs[{i}]", child, i) for i, child in enumerate(state.get("inputs", []))]
+        return [(f"upstream[{i}]", child, i) for i, child in enumerate(state.get("upstream", []))]
     if kind == "workers":
         return []
     for key in _NESTING_KEYS:

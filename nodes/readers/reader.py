@@ -52,6 +52,8 @@ class FileReaderNode(Node):
     except for compressed files, which are decompressed from their start.
     """
 
+    kind = "reader"
+
     def __init__(
         self,
         files: FileSet,
