@@ -1,4 +1,12 @@
-"""The Loader: epochs, seeds, and checkpoints of a whole pipeline."""
+"""The Loader: epochs, seeds, and checkpoints of a whole pipeline.
+
+The Loader composes parts that each have one job: the worker plan
+(:mod:`datapipes.workers`: which steps run in DataLoader workers), the epoch
+cursor (:mod:`datapipes.epochs`: which epoch runs, where it resumes), the
+``even_batches`` policy (:mod:`datapipes.even_batches`) and the checkpoint
+format (:mod:`datapipes.checkpoint`). What stays here is building the graph
+once, running it epoch by epoch, and its statistics.
+"""
 
 from __future__ import annotations
 
