@@ -66,6 +66,16 @@ def test_permutations_on_both_sides_of_the_limit(n: int):
     assert np.array_equal(again, values[-5:])  # a block of positions maps the same way
 
 
+@pytest.mark.parametrize("n", [0, 1, 2, EXPLICIT_PERMUTATION_LIMIT, EXPLICIT_PERMUTATION_LIMIT + 1])
+def test_permutations_at_the_edges_are_permutations(n: int):
+    """Checked, holds: n = 0 and 1 (explicit draw), and both sides of the limit."""
+    values = IndexPermutation(n, key=[3, 4]).apply(np.arange(n, dtype=np.int64))
+    assert values.dtype == np.int64 and np.array_equal(np.sort(values), np.arange(n))
+    small = min(n, 3)
+    orders = [list(p) for p in itertools.permutations(range(small))]
+    assert list(dp.Loader(dp.range(small).shuffle())) in orders
+
+
 def test_file_order_shuffles_are_uniform_too(tmp_path):
     for name in "abc":
         (tmp_path / f"{name}.txt").write_text(name + "\n")
