@@ -4,7 +4,8 @@ A Loader state is plain data (json and ``torch.load(weights_only=True)`` safe)::
 
     {"version": 4, "fingerprint": "...", "steps": [...], "seed": 0,
      "topology": {"world_size": 2, "num_workers": 4, "even_batches": True},
-     "ranks": {"1": {"epoch": 3, "node": "<this rank's node states, as JSON>"}}}
+     "ranks": {"1": {"epoch": 3, "node": "<this rank's node states, as JSON>",
+                     "graph": "<the shape of this rank's built graph, as JSON>"}}}
 
 What all ranks share sits at the top; each rank's position sits under its own
 key in ``ranks``, with the node states as one JSON string. So the layout is the
@@ -13,11 +14,21 @@ same before and after a checkpoint is loaded, and in a
 its own key (the shared keys are identical on all ranks). States of several
 ranks can be merged into one ``ranks`` dict.
 
+``"graph"`` (:func:`graph_record`, recorded once per Loader, ``None`` before
+its graph was first built) says which node took each level of the node states:
+per node its ``kind`` (:attr:`nodes.Node.kind`), its ``type``, the recipe
+``step`` that built it and its ``inputs``; a worker-process node holds the
+graph its workers run under ``workers``. Resuming never reads it; it is there
+so that ``python -m datapipes inspect`` labels every level without the recipe
+(and, for the coming elastic resume, so a state can be read without guessing).
+Statistics nodes are left out: a checkpoint is the same with statistics on or off.
+
 This module is the one place that knows that layout: the
 :class:`datapipes.Loader` gathers its position and calls :func:`make_state`
 and :func:`check_recipe_of` / :func:`check_setup` / :func:`rank_position`;
 ``python -m datapipes inspect`` reads states back with
-:func:`find_loader_states`, :func:`decode_state` and :func:`saved_setup`.
+:func:`find_loader_states`, :func:`decode_state`, :func:`saved_setup` and
+:func:`upstream_states`.
 """
 
 from __future__ import annotations
@@ -25,7 +36,15 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from nodes import Context, Node
+from nodes.even import EvenBatchesNode
+from nodes.stats import StatsNode
+from nodes.workers import WorkerStreamNode
+
+if TYPE_CHECKING:
+    from datapipes.pipe import DataPipe
 
 #: 4: every node keeps its input's state under ``nodes.UPSTREAM`` (``"upstream"``; version
 #: 3 used ``"up"``, ``"anchor"``, ``"inputs"``, ``"current"``), and random streams derive
@@ -68,10 +87,12 @@ def make_state(
     rank: int,
     epoch: int,
     node: Any,
+    graph: str | None = None,
 ) -> dict[str, Any]:
     """A Loader state (the layout in the module doc) for ``rank`` at ``epoch``.
 
-    ``node`` is the rank's node state (``None``: at the start of ``epoch``).
+    ``node`` is the rank's node state (``None``: at the start of ``epoch``);
+    ``graph`` the JSON text of its :func:`graph_record` (``None``: not built yet).
     """
     return {
         "version": STATE_VERSION,
@@ -83,9 +104,123 @@ def make_state(
             str(rank): {
                 "epoch": epoch,
                 "node": None if node is None else json.dumps(node, separators=(",", ":")),
+                "graph": graph,
             }
         },
     }
+
+
+# ----- the shape of the graph -------------------------------------------------------------
+
+
+def graph_record(
+    root: Node[Any],
+    pipe: DataPipe[Any] | None = None,
+    *,
+    nodes: dict[int, Node[Any]] | None = None,
+    pipes: dict[int, DataPipe[Any]] | None = None,
+) -> dict[str, Any]:
+    """The shape of the built graph under ``root`` as plain data (see the module doc).
+
+    ``pipe`` is the recipe ``root`` was built from (its steps label the nodes);
+    the Loader's own nodes above it (even batches, its statistics) are told by
+    their type. ``nodes`` and ``pipes``, when given, receive for each entry
+    (by ``id``) the node it describes and the recipe step that built it.
+    Building a worker-process node's graph opens nothing (no process, no file).
+    """
+    labels: dict[int, str] = {}
+    top = root
+    while isinstance(top, StatsNode | EvenBatchesNode):  # the Loader's, above the recipe
+        top = top.inputs[0]
+    step_of: dict[int, DataPipe[Any]] = {}
+    if pipe is not None:
+        _label(pipe, top, labels, step_of)
+    return _entry(root, labels, step_of, nodes, pipes)
+
+
+def _label(
+    pipe: DataPipe[Any], node: Node[Any], labels: dict[int, str], step_of: dict[int, Any]
+) -> None:
+    while isinstance(node, StatsNode):  # a step's statistics wrap the node that does its work
+        node = node.inputs[0]
+    step_of[id(node)] = pipe  # the nodes stay alive (and their ids unique) under the root
+    if isinstance(node, WorkerStreamNode):
+        labels[id(node)] = ""  # its workers' graph says what they run
+        return
+    if not node.inputs or len(node.inputs) != len(pipe.inputs):
+        # One node for a chain of steps (files().shuffle().read_jsonl(), a global
+        # shuffle of a sequence and its maps): label it with all of them.
+        labels[id(node)] = repr(pipe)
+        return
+    labels[id(node)] = ("dp." if len(pipe.inputs) > 1 else ".") + pipe.describe_step()
+    for upstream_pipe, upstream_node in zip(pipe.inputs, node.inputs):
+        _label(upstream_pipe, upstream_node, labels, step_of)
+
+
+def _entry(
+    node: Node[Any],
+    labels: dict[int, str],
+    step_of: dict[int, Any],
+    nodes: dict[int, Node[Any]] | None,
+    pipes: dict[int, Any] | None,
+) -> dict[str, Any]:
+    while isinstance(node, StatsNode):  # statistics: no state of their own, not recorded
+        node = node.inputs[0]
+    kind = type(node)
+    entry: dict[str, Any] = {"kind": node.kind, "type": f"{kind.__module__}.{kind.__qualname__}"}
+    step = "even_batches (Loader)" if isinstance(node, EvenBatchesNode) else labels.get(id(node))
+    if step:
+        entry["step"] = step
+    if node.inputs:
+        entry["inputs"] = [_entry(n, labels, step_of, nodes, pipes) for n in node.inputs]
+    if isinstance(node, WorkerStreamNode):
+        entry["workers"] = _worker_record(node)
+    if nodes is not None:
+        nodes[id(entry)] = node
+    if pipes is not None and id(node) in step_of:
+        pipes[id(entry)] = step_of[id(node)]
+    return entry
+
+
+def _worker_record(node: WorkerStreamNode) -> dict[str, Any]:
+    """The graph a worker-process node's workers run, built here as worker 0 would."""
+    dataset = node.dataset
+    topology = dataset.topology
+    ctx = Context(
+        rank=topology.rank,
+        world_size=topology.world_size,
+        worker_id=0,
+        num_workers=node.num_workers,
+        seed=dataset.seed,
+        stats=dataset.stats,
+    )
+    root = dataset.pipe.build(ctx)
+    try:
+        return graph_record(root, dataset.pipe)
+    finally:
+        root.close()
+
+
+class GraphRecord:
+    """A Loader's :func:`graph_record`, as JSON text: made once, at the first state taken
+    after the graph was built (the shape is the same in every epoch), or loaded."""
+
+    def __init__(self, pipe: DataPipe[Any]) -> None:
+        self._pipe = pipe
+        self._text: str | None = None
+        self._made = False
+
+    def text(self, root: Node[Any] | None) -> str | None:
+        """The record of ``root`` (the Loader's built graph), or the one loaded or made before."""
+        if root is not None and not self._made:
+            record = graph_record(root, self._pipe)
+            self._text, self._made = json.dumps(record, separators=(",", ":")), True
+        return self._text
+
+    def load(self, text: str | None) -> None:
+        """Take the record of a loaded state (the same recipe) until this Loader makes its own."""
+        if not self._made and isinstance(text, str):
+            self._text = text
 
 
 # ----- validating -------------------------------------------------------------------------
@@ -138,6 +273,12 @@ def rank_position(state: dict[str, Any], rank: int) -> tuple[int, Any]:
     """``(epoch, node state or None)`` of ``rank`` in a checked ``state``."""
     mine = state["ranks"][str(rank)]
     return int(mine["epoch"]), None if mine["node"] is None else json.loads(mine["node"])
+
+
+def rank_graph(state: dict[str, Any], rank: int) -> str | None:
+    """The JSON text of ``rank``'s graph record in a checked ``state`` (``None``: none)."""
+    graph = state["ranks"][str(rank)].get("graph")
+    return graph if isinstance(graph, str) else None
 
 
 def explain_difference(saved_steps: Sequence[str], current_steps: Sequence[str]) -> str:
@@ -203,7 +344,7 @@ def top_level(obj: Any) -> str:
 
 
 def decode_state(state: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a Loader state with every rank's node JSON string parsed into data.
+    """A copy of a Loader state with every rank's node (and graph) JSON string parsed.
 
     >>> decode_state({"ranks": {0: {"epoch": 1, "node": '{"position": 4}'}}})["ranks"]
     {'0': {'epoch': 1, 'node': {'position': 4}}}
@@ -212,11 +353,12 @@ def decode_state(state: dict[str, Any]) -> dict[str, Any]:
     for rank, mine in (state.get("ranks") or {}).items():
         if isinstance(mine, dict):
             mine = dict(mine)
-            if isinstance(mine.get("node"), str):
-                try:
-                    mine["node"] = json.loads(mine["node"])
-                except ValueError:
-                    pass  # shown as the string it is
+            for key in ("node", "graph"):
+                if isinstance(mine.get(key), str):
+                    try:
+                        mine[key] = json.loads(mine[key])
+                    except ValueError:
+                        pass  # shown as the string it is
         ranks[str(rank)] = mine
     return {**state, "ranks": ranks}
 
@@ -234,3 +376,33 @@ def saved_setup(state: dict[str, Any]) -> dict[str, Any]:
         "num_workers": int(topology.get("num_workers", 0)),
         "even_batches": bool(topology.get("even_batches", False)),
     }
+
+
+def node_type(name: Any) -> type[Node[Any]]:
+    """The node class a graph record names (``"nodes.shuffle.BufferShuffleNode"``), among
+    those this process has imported; :class:`nodes.Node` for any other (nothing is imported).
+    """
+    if isinstance(name, str):
+        pending = [Node]
+        while pending:
+            cls = pending.pop()
+            if f"{cls.__module__}.{cls.__qualname__}" == name:
+                return cls
+            pending.extend(cls.__subclasses__())
+    return Node
+
+
+def upstream_states(entry: dict[str, Any] | None, state: Any) -> list[tuple[int, Any]]:
+    """``(input index, that input's state)`` nested in ``state``, taken by the node that
+    ``entry`` (a graph record) describes: that node type's :meth:`nodes.Node.upstream_states`.
+
+    >>> upstream_states({"type": "nodes.combine.ConcatNode"}, {"index": 1, "upstream": {"a": 1}})
+    [(1, {'a': 1})]
+    """
+    if not isinstance(state, dict):
+        return []
+    cls = node_type(entry.get("type") if isinstance(entry, dict) else None)
+    try:
+        return list(cls.upstream_states(state))
+    except Exception:  # noqa: BLE001 - a custom node's hook that does not fit: one level
+        return []

@@ -160,6 +160,7 @@ class Loader:
         self._even = EvenBatchesPolicy(even_batches, pipe, self.topology, num_workers, self.seed)
         self._cursor = EpochCursor()
         self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
+        self._graph = checkpoint.GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
         self._clock = EpochClock()
         self._closed_stats: PipelineStats | None = None
 
@@ -311,6 +312,7 @@ class Loader:
             rank=self.rank,
             epoch=epoch,
             node=node,
+            graph=self._graph.text(root),
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -319,6 +321,7 @@ class Loader:
         self._even.adopt(state.get("topology", {}).get("even_batches"))  # before it is compared
         checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
         self._cursor.restore(*checkpoint.rank_position(state, self.rank))
+        self._graph.load(checkpoint.rank_graph(state, self.rank))
 
     def _topology_record(self) -> dict[str, Any]:
         return checkpoint.topology_record(self.world_size, self.num_workers, self.even_batches)

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from nodes import torchdata_adapter as torchdata
 from nodes.base import Node, NotReset, State
 from nodes.rng import stable_hash
 
@@ -58,20 +59,15 @@ def _without_stats(state: dict[str, Any]) -> dict[str, Any]:
 
     Statistics ride on the workers' states to reach this process (see
     ``TorchDataset.state_dict``); a checkpoint stays the same with them on or
-    off. The layout is torchdata's (private), so anything unexpected is kept.
+    off. Anything unexpected is kept.
     """
-    snapshot = state.get("_snapshot")
-    workers = snapshot.get("_worker_snapshots") if isinstance(snapshot, dict) else None
-    if not isinstance(workers, dict):
-        return state
-    cleaned = {}
-    for key, worker in workers.items():
-        dataset = worker.get("dataset_state") if isinstance(worker, dict) else None
-        if isinstance(dataset, dict) and "stats" in dataset:
-            dataset = {k: v for k, v in dataset.items() if k != "stats"}
-            worker = {**worker, "dataset_state": dataset}
-        cleaned[key] = worker
-    return {**state, "_snapshot": {**snapshot, "_worker_snapshots": cleaned}}
+    return torchdata.map_dataset_states(state, _drop_stats)
+
+
+def _drop_stats(dataset: Any) -> Any:
+    if isinstance(dataset, dict) and "stats" in dataset:
+        return {k: v for k, v in dataset.items() if k != "stats"}
+    return dataset
 
 
 class WorkerDiedError(RuntimeError):
@@ -185,7 +181,7 @@ class WorkerStreamNode(Node):
     def _dead_workers(self) -> str:
         """``"worker 1 (pid 123, killed by SIGKILL)"`` for each worker process that has died."""
         found = []
-        for worker_id, process in enumerate(getattr(self._workers, "_workers", [])):
+        for worker_id, process in enumerate(torchdata.worker_processes(self._workers)):
             code = process.exitcode
             if code is None or code == 0:
                 continue
@@ -200,6 +196,16 @@ class WorkerStreamNode(Node):
             return {"ended": self._ended}
         return {"ended": False, "dataloader": _without_stats(self._loader.state_dict())}
 
+    @property
+    def dataset(self) -> Any:
+        """The dataset the workers run (a :class:`datapipes.TorchDataset`)."""
+        return self._dataset
+
+    @property
+    def num_workers(self) -> int:
+        """How many worker processes run it."""
+        return self._num_workers
+
     def worker_states(self) -> list[Any]:
         """The latest dataset state each worker sent (``None`` for a worker that sent none).
 
@@ -211,21 +217,10 @@ class WorkerStreamNode(Node):
         return received if received is not None else self._final_states
 
     def _received_states(self, it: Any) -> list[Any] | None:
-        # torchdata keeps the latest state of each worker on its iterator (private, so guarded).
-        latest = getattr(it, "_worker_snapshots", None)
-        if not isinstance(latest, dict):
-            return None
-        states = []
-        for worker in range(self._num_workers):
-            tracked = latest.get(f"worker_{worker}")
-            state = tracked.get_state() if hasattr(tracked, "get_state") else None
-            states.append(state.get("dataset_state") if isinstance(state, dict) else None)
-        return states
+        return torchdata.latest_worker_states(it, self._num_workers)
 
     def _stop_workers(self) -> None:
-        shutdown = getattr(self._workers, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        torchdata.shutdown_workers(self._workers)
         self._workers = None
         self._finished_epoch = None
         self._it = iter(())

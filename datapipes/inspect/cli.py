@@ -1,21 +1,36 @@
 """The command ``python -m datapipes inspect CHECKPOINT [--recipe MODULE:NAME] [--json]``.
 
+With ``--recipe`` the recipe it names is loaded (a DataPipe, a Loader, or a
+function returning one) and checked against each Loader state: the same
+fingerprint (else the steps that differ), a Loader per saved rank that
+accepts the state, and file readers that accept their saved positions.
+
 Exit status: 0 ok, 1 a recipe that cannot resume or no Loader state, 2 a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from datapipes.inspect.errors import CheckpointError
-from datapipes.inspect.load import load_checkpoint
-from datapipes.inspect.recipe_check import check_recipe
-from datapipes.inspect.recipe_spec import load_recipe
-from datapipes.inspect.render import render
-from datapipes.inspect.states import decode_state, find_loader_states, top_level
+from datapipes import checkpoint
+from datapipes.checkpoint import decode_state, find_loader_states, saved_setup, top_level
+from datapipes.inspect.load import CheckpointError, load_checkpoint
+from datapipes.inspect.render import as_json, render
+from datapipes.inspect.tree import RecipeGraph, recipe_graph
+from datapipes.loader import Loader, StateMismatchError
+from datapipes.pipe import DataPipe
+from nodes import FileListNode, FileReaderNode, Node
+from nodes import torchdata_adapter as torchdata
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,22 +74,182 @@ def main(argv: list[str] | None = None) -> int:
         own = {} if loader is None else {"seed": loader.seed, "num_workers": loader.num_workers}
         checks = [check_recipe(state, pipe, **own) for _, state in found]
     if args.json:
-        print(json.dumps(_as_json(args.checkpoint, found, checks), indent=2, default=str))
+        print(json.dumps(as_json(args.checkpoint, found, checks), indent=2, default=str))
     else:
         print(render(found, pipe, checks, args.recipe or ""))
     return 1 if any(checks or []) else 0
 
 
-def _as_json(
-    checkpoint: str, found: list[tuple[str, dict[str, Any]]], checks: list[list[str]] | None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "checkpoint": checkpoint,
-        "loader_states": [{"path": path, "state": decode_state(state)} for path, state in found],
-    }
-    if checks is not None:
-        out["recipe_check"] = [
-            {"path": path, "ok": not problems, "problems": problems}
-            for (path, _), problems in zip(found, checks)
+# ----- --recipe: loading it -------------------------------------------------------------
+
+
+def load_recipe(spec: str) -> tuple[DataPipe[Any], Loader | None]:
+    """``(pipe, loader)`` from ``"package.module:NAME"`` or ``"path/to/file.py:NAME"``.
+
+    ``NAME`` is a DataPipe, a Loader (its ``.pipe``; the Loader is returned
+    too, so its seed and workers can be checked), or a zero-argument callable
+    returning either. Raises :class:`CheckpointError` otherwise.
+    """
+    module_part, sep, name = spec.rpartition(":")
+    if not sep or not module_part or not name:
+        raise CheckpointError(f"--recipe takes MODULE:NAME or FILE.py:NAME, got {spec!r}")
+    module = _import(module_part)
+    if not hasattr(module, name):
+        raise CheckpointError(f"--recipe: {module_part!r} has no {name!r}")
+    value = getattr(module, name)
+    if callable(value) and not isinstance(value, DataPipe | Loader):
+        try:
+            value = value()
+        except Exception as error:  # noqa: BLE001
+            raise CheckpointError(f"--recipe: calling {name}() failed: {error!r}") from error
+    if isinstance(value, Loader):
+        return value.pipe, value
+    if isinstance(value, DataPipe):
+        return value, None
+    raise CheckpointError(
+        f"--recipe: {spec} is of type {type(value).__name__}; expected a DataPipe, a Loader, or a "
+        "function of no arguments returning one"
+    )
+
+
+def _import(module_part: str) -> ModuleType:
+    """The module a file path (``.py`` or with a slash) or a module name names."""
+    try:
+        if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
+            return _import_file(module_part)
+        with _first_on_path(os.getcwd()):  # as `python -m` does: modules of this folder
+            return importlib.import_module(module_part)
+    except CheckpointError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        raise CheckpointError(f"--recipe: importing {module_part!r} failed: {error!r}") from error
+
+
+def _import_file(module_part: str) -> ModuleType:
+    file = Path(module_part)
+    if not file.is_file():
+        raise CheckpointError(f"--recipe: no such file: {module_part!r}")
+    module_name = f"_datapipes_recipe_{abs(hash(str(file.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise CheckpointError(f"--recipe: cannot import {module_part!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up
+    with _first_on_path(str(file.resolve().parent)):  # its own folder, as for `python FILE`
+        spec.loader.exec_module(module)
+    return module
+
+
+@contextmanager
+def _first_on_path(folder: str) -> Iterator[None]:
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
+
+
+# ----- --recipe: can it resume the state? ------------------------------------------------
+
+
+def check_recipe(
+    state: dict[str, Any],
+    pipe: DataPipe[Any],
+    *,
+    seed: int | None = None,
+    num_workers: int | None = None,
+) -> list[str]:
+    """What stops ``pipe`` from resuming ``state`` (a Loader state); empty when nothing does.
+
+    The fingerprints must be equal (else the message shows the steps that
+    differ); then for every saved rank a ``Loader(pipe, seed, rank=r,
+    world_size=W, num_workers=N, even_batches=...)`` must accept the state.
+    ``seed`` and ``num_workers`` default to the saved ones; pass a Loader's own
+    to check that Loader's configuration.
+    """
+    if state.get("fingerprint") != pipe.fingerprint():
+        return [
+            f"the recipe's fingerprint {pipe.fingerprint()} differs from the checkpoint's "
+            f"{state.get('fingerprint')}; the steps that differ:\n"
+            + checkpoint.explain_difference(list(state.get("steps", [])), pipe.steps())
         ]
-    return out
+    own = {"seed": seed, "num_workers": num_workers}
+    own = {key: value for key, value in own.items() if value is not None}
+    problems = []
+    for rank in sorted(state.get("ranks", {}), key=str):
+        try:
+            loader = Loader(pipe, rank=int(rank), **{**saved_setup(state), **own})
+        except Exception as error:  # noqa: BLE001 - reported as what stops the resume
+            problems.append(f"rank {rank}: cannot make the Loader: {error}")
+            continue
+        try:
+            loader.load_state_dict(state)
+        except StateMismatchError as error:
+            problems.append(f"rank {rank}: {error}")
+            continue
+        finally:
+            loader.close()
+        problems += _check_positions(pipe, state, str(rank))
+    return problems
+
+
+def _check_positions(pipe: DataPipe[Any], state: dict[str, Any], rank: str) -> list[str]:
+    """Whether the recipe's file readers accept the saved positions of ``rank``.
+
+    ``Loader.load_state_dict`` checks the recipe, topology and seed; the files
+    are checked when the epoch resumes. This resets each file reader (and file
+    list) of the rank's graph to its saved position, which lists the files and
+    plans this consumer's share without reading a record, so a changed listing
+    or a position in another file than this recipe would read is found now.
+    """
+    mine = decode_state(state)["ranks"][rank]
+    if not isinstance(mine.get("node"), dict):
+        return []
+    saved = mine.get("graph") if isinstance(mine.get("graph"), dict) else None
+    try:
+        graph = recipe_graph(pipe, state, int(rank), int(mine.get("epoch") or 0), saved)
+    except Exception as error:  # noqa: BLE001 - a recipe that cannot be built cannot resume
+        return [f"rank {rank}: building the recipe failed: {error}"]
+    return _check_tree(f"rank {rank}", mine["node"], graph)
+
+
+def _check_tree(where: str, node_state: Any, graph: RecipeGraph) -> list[str]:
+    problems: list[str] = []
+    for level in graph.levels(node_state):
+        if level.kind == "workers":
+            workers = torchdata.worker_dataset_states(level.state.get("dataloader"))
+            for worker_id, dataset in workers:
+                if not dataset:
+                    continue
+                worker = f"{where} worker {worker_id}"
+                try:
+                    worker_graph = graph.worker(worker_id, dataset, level)
+                except Exception as error:  # noqa: BLE001
+                    problems.append(f"{worker}: building failed: {error}")
+                    continue
+                problems += _check_tree(worker, dataset.get("node"), worker_graph)
+        elif isinstance(node := graph.node(level), FileReaderNode | FileListNode):
+            problem = _check_files(node, level.state)
+            if problem:
+                problems.append(f"{where}, {level.steps}: {problem}")
+    return problems
+
+
+def _check_files(node: Node[Any], saved: dict[str, Any]) -> str:
+    """What a resume of ``node`` from ``saved`` would raise, or where it would be elsewhere."""
+    try:
+        node.reset(saved)
+        now = node.state_dict()
+    except Exception as error:  # noqa: BLE001 - what a resume would raise
+        return str(error)
+    finally:
+        node.close()
+    if isinstance(node, FileReaderNode):
+        for key in ("file", "part"):
+            if key in saved and now.get(key) != saved[key]:
+                return (
+                    f"the checkpoint's position is in {key} {saved[key]!r}, but this recipe's "
+                    f"plan for the consumer has {key} {now.get(key)!r} there (unit "
+                    f"{saved.get('unit')}): the files or their order differ"
+                )
+    return ""

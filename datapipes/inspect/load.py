@@ -1,20 +1,32 @@
 """Reading a checkpoint (``torch.save`` file, JSON file or DCP folder) without unsafe unpickling.
 
-``torch.save`` files are read with ``torch.load(weights_only=True)``; a
-``torch.distributed.checkpoint`` folder is read by :mod:`datapipes.inspect.dcp`.
+``torch.save`` files are read with ``torch.load(weights_only=True)``. In a
+``torch.distributed.checkpoint`` folder the ``.metadata`` pickle is read by an
+unpickler that refuses every global but DCP's metadata classes (and the few
+they hold); then only the entries saved as bytes (what is not a tensor) are
+loaded, with ``torch.load(weights_only=True)``. Each tensor appears, in its
+place, as a ``"<tensor [shape] dtype, not loaded>"`` string.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from datapipes.inspect.errors import CheckpointError
+
+class CheckpointError(Exception):
+    """A checkpoint or recipe cannot be read; the command exits with ``exit_code`` (usage)."""
+
+    exit_code = 2
+
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Any:
@@ -31,8 +43,6 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
     if not path.exists():
         raise CheckpointError(f"no such file or directory: {name}")
     if path.is_dir():
-        from datapipes.inspect.dcp import read_dcp  # imports torch.distributed: only when needed
-
         return read_dcp(path)
     if zipfile.is_zipfile(path):
         try:
@@ -71,3 +81,102 @@ def _first_reason(error: Exception) -> str:
                 rest = lines[index + 1]
             return f"WeightsUnpickler error: {rest}"
     return lines[0] if lines else type(error).__name__
+
+
+# ----- torch.distributed.checkpoint folders ---------------------------------------------
+
+#: Globals a ``.metadata`` pickle may name besides the classes of its metadata module and
+#: torch dtypes; anything else is refused rather than unpickled.
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_ALLOWED = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a DCP ``.metadata`` file, refusing every global that is not metadata."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == _METADATA_MODULE:
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
+        raise pickle.UnpicklingError(
+            f"refusing to unpickle {module}.{name} from a checkpoint's .metadata"
+        )
+
+
+def read_dcp(path: Path) -> dict[str, Any]:
+    """The state saved in the DCP folder ``path``, tensors as placeholder strings.
+
+    Raises :class:`CheckpointError` when ``path`` is not a DCP folder or cannot be read.
+    """
+    # torch.distributed is imported only when a DCP folder is read.
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    class NonTensorPlanner(_EmptyStateDictLoadPlanner):
+        """Plans to load only the entries saved as bytes, each with ``weights_only=True``."""
+
+        def _should_include_key(self, key: str, md: Any) -> bool:
+            return isinstance(md.state_dict_metadata[key], BytesStorageMetadata)
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            loaded = torch.load(value, weights_only=True)
+            fqn = read_item.dest_index.fqn
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    if not (path / ".metadata").is_file():
+        raise CheckpointError(
+            f"{str(path)!r} is a directory but not a torch.distributed.checkpoint "
+            "(it has no .metadata file)"
+        )
+    try:
+        with open(path / ".metadata", "rb") as file:
+            metadata = _MetadataUnpickler(file).load()
+    except Exception as error:  # noqa: BLE001
+        raise CheckpointError(f"cannot read {str(path / '.metadata')!r}: {error}") from error
+
+    class SafeReader(FileSystemReader):
+        """Hands out the metadata read above instead of unpickling the file again."""
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    state: dict[str, Any] = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _load_state_dict(
+                state, storage_reader=SafeReader(path), planner=NonTensorPlanner(), no_dist=True
+            )
+    except Exception as error:  # noqa: BLE001
+        raise CheckpointError(f"cannot read the DCP checkpoint {str(path)!r}: {error}") from error
+    planner_data = getattr(metadata, "planner_data", None) or {}
+    for key, item in metadata.state_dict_metadata.items():
+        if not isinstance(item, BytesStorageMetadata):
+            shape = list(getattr(item, "size", ()))
+            dtype = getattr(getattr(item, "properties", None), "dtype", "?")
+            text = f"<tensor {shape} {dtype}, not loaded>"
+            set_element(state, planner_data.get(key, (key,)), text)
+    return state

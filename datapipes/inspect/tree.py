@@ -1,153 +1,191 @@
-"""The text view of a saved position: one line per level of a node state, a tree per worker.
+"""The node tree of a saved position: every level of a rank's node state, with what took it.
 
-Each level shows its steps (from the recipe, or guessed from the saved steps),
-its kind and its scalar fields; long lists are summarised, never printed.
+A Loader state records the shape of each rank's built graph
+(:func:`datapipes.checkpoint.graph_record`): per node its kind, the recipe step
+that built it, its inputs, and the graph the worker processes run. The levels
+of a node state follow that record, and each node type says where its inputs'
+states sit (:meth:`nodes.Node.upstream_states`); nothing is told by a state's keys.
+
+With a recipe (``--recipe``) the graph is built again as the consumer ran it
+(building opens nothing, starts nothing): its steps label the levels, it is
+compared with the recorded one, and its nodes give a reader's file URL and let
+the file positions be checked. With worker processes, a rank's main-process
+graph ends in a placeholder for the workers, and each worker's graph is built
+on demand from its saved epoch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
-from datapipes.inspect.graph import Level, RecipeGraph
-from datapipes.inspect.shapes import children, kind_taken_by, step_prefixes, worker_states
+from datapipes.checkpoint import graph_record, saved_setup, upstream_states
+from datapipes.pipe import DataPipe
+from datapipes.placement import rebuild_on, split_main_steps
+from nodes import Context, Node
 
-#: Lists of scalars longer than this are summarised ("16 positions"), never printed.
-_LIST_INLINE = 6
+Record = dict[str, Any]
 
 
-def scalar(value: Any) -> str:
-    """A field's value in one short piece.
+class Level(NamedTuple):
+    """One nesting level of a node state, with the node that took it."""
 
-    >>> scalar(list(range(16))), scalar([1, "a"]), scalar({"files": 3})
-    ('16 positions', "[1, 'a']", '{files: 3}')
+    depth: int
+    key: str  # where it is nested in the level above ("" at the top)
+    state: dict[str, Any]
+    kind: str | None  # the node's kind (None: no record says)
+    steps: str  # the node's steps and those above it whose state is its own
+    nested: frozenset[str]  # the keys of ``state`` that hold its inputs' states
+    entry: Record | None  # the graph record's entry of the node
+    saved: Record | None  # with a recipe: the checkpoint's own record of the node here
+
+
+class RecipeGraph:
+    """A graph record to walk node states by; built from a recipe, also its nodes.
+
+    ``RecipeGraph(record)`` walks by a checkpoint's own record (``None``: none,
+    so each state shows as far as the :data:`nodes.UPSTREAM` key nests it).
     """
-    if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        if len(value) > _LIST_INLINE or any(isinstance(v, dict | list) for v in value):
-            noun = "positions" if all(isinstance(v, int) for v in value) else "items"
-            return f"{len(value)} {noun}"
-        return "[" + ", ".join(scalar(v) for v in value) + "]"
-    if isinstance(value, dict):
-        text = "{" + ", ".join(f"{k}: {scalar(v)}" for k, v in value.items()) + "}"
-        return text if len(text) <= 100 else f"{{{len(value)} keys}}"
-    return repr(value)
 
+    def __init__(self, record: Record | None = None, *, saved: Record | None = None) -> None:
+        self.record = record if isinstance(record, dict) else None
+        self._saved = saved if isinstance(saved, dict) else None  # the checkpoint's, to compare
+        self._nodes: dict[int, Node[Any]] = {}
+        self._pipes: dict[int, DataPipe[Any]] = {}
+        self._ctx: Context | None = None
+        self._workers: Callable[[int, dict[str, Any], Record | None], RecipeGraph] | None = None
+        self._urls: dict[int, list[str]] = {}
+        self.root: Node[Any] | None = None
 
-class Writer:
-    """Collects the indented lines of the text view of one Loader state."""
+    @classmethod
+    def built(
+        cls,
+        pipe: DataPipe[Any],
+        ctx: Context,
+        saved: Record | None = None,
+        workers: Callable[[int, dict[str, Any], Record | None], RecipeGraph] | None = None,
+    ) -> RecipeGraph:
+        """``pipe`` built for ``ctx``, to be compared with the ``saved`` record."""
+        graph = cls(saved=saved)
+        graph.root = pipe.build(ctx)
+        graph.record = graph_record(graph.root, pipe, nodes=graph._nodes, pipes=graph._pipes)
+        if isinstance(saved, dict) and saved.get("kind") == "even_batches":
+            if graph.record.get("kind") != "even_batches":  # the Loader's, above the recipe
+                graph.record = {**saved, "inputs": [graph.record]}
+        graph._ctx, graph._workers = ctx, workers
+        return graph
 
-    def __init__(self, saved_steps: list[str]) -> None:
-        self.lines: list[str] = []
-        self._saved_steps = [str(step).strip() for step in saved_steps]
+    def node(self, level: Level) -> Node[Any] | None:
+        """The recipe's node that took ``level``'s state (``None`` without a recipe)."""
+        return self._nodes.get(id(level.entry))
 
-    def line(self, depth: int, text: str) -> None:
-        self.lines.append("  " * depth + text)
+    def worker(self, worker_id: int, dataset: dict[str, Any], level: Level) -> RecipeGraph:
+        """The graph of worker ``worker_id`` under the workers ``level`` (the dataset state
+        gives its epoch)."""
+        source = level.saved if self._workers is not None else level.entry
+        saved = source.get("workers") if isinstance(source, dict) else None
+        if self._workers is not None:
+            return self._workers(worker_id, dataset, saved)
+        return RecipeGraph(saved)
 
-    def position(self, depth: int, state: Any, graph: RecipeGraph) -> None:
-        """One line per level of a node state, and a block per worker process."""
-        if state is None:  # nothing read yet
-            self.line(depth, "at the start of the epoch")
-            return
-        if not isinstance(state, dict):
-            self.line(depth, scalar(state))
-            return
-        for level in graph.levels(state):
-            at = depth + level.depth
-            label = level.steps or self._guess_step(level.kind)
-            if level.kind == "workers":
-                self._workers(at, level.key, level.state, label, graph)
-            else:
-                self._level(at, level, label, graph)
-
-    def _guess_step(self, kind: str | None) -> str:
-        """The saved step a kind of state comes from, when exactly one step fits."""
-        prefixes = step_prefixes(kind)
-        matches = [s for s in self._saved_steps if s.startswith(prefixes)] if prefixes else []
-        return matches[0] if len(matches) == 1 else ""
-
-    def _level(self, depth: int, level: Level, label: str, graph: RecipeGraph) -> None:
-        kind = level.kind
-        if label and kind and not label.startswith(kind + " "):
-            name = f"{label} ({kind})"
-        else:
-            name = label or kind or "?"
-        head = (f"{level.key}: " if level.key else "") + name
-        nested = {key.split("[")[0] for key, _, _ in children(level.state, kind)}
-        fields = ", ".join(f"{k}={scalar(v)}" for k, v in level.state.items() if k not in nested)
-        self.line(depth, f"{head}: {fields}{_note(level, graph)}" if fields else head)
-        expected = kind_taken_by(level.node)
-        if expected is not None and expected != kind:
-            self.line(
-                depth + 1,
-                f"! the recipe has a {type(level.node).__name__} here, which takes a {expected} "
-                f"state, but the checkpoint holds a {kind or 'different'} state",
-            )
-
-    def _workers(
-        self, depth: int, key: str, state: dict[str, Any], label: str, graph: RecipeGraph
-    ) -> None:
-        """The StatefulDataLoader state: snapshot, next worker, and a tree per worker."""
-        head = (f"{key}: " if key else "") + (f"{label.lstrip('.')} over " if label else "")
-        loader = state.get("dataloader")
-        if not isinstance(loader, dict):
-            self.line(depth, f"{head}worker processes: the epoch has ended")
-            return
-        workers = worker_states(state)
-        snapshot = loader.get("_snapshot") or {}
-        count = len(workers) or int((snapshot.get("_main_snapshot") or {}).get("_num_workers", 0))
-        self.line(depth, f"{head}{count} worker processes")
-        since = int(loader.get("_steps_since_snapshot") or 0)
-        step = int(snapshot.get("_snapshot_step") or 0)
-        self.line(
-            depth + 1,
-            f"snapshot after item {step} of the epoch; {since} items returned since, "
-            "which a resume replays",
-        )
-        last = snapshot.get("_last_yielded_worker_id")
-        if isinstance(last, int) and count:
-            self.line(
-                depth + 1,
-                f"next: item {step + since}, from worker {(last + 1 + since) % count} "
-                "(workers take turns while all of them have data)",
-            )
-        if loader.get("_iterator_finished"):
-            self.line(depth + 1, "the DataLoader iterator has finished")
-        for worker_id, dataset in workers:
-            if not dataset:
-                self.line(depth + 1, f"worker {worker_id}: no position yet (starts at the start)")
-                continue
-            consumer = dataset.get("consumer") or []
-            where = "consumer ?"
-            if len(consumer) == 4:
-                rank, world, wid, num = consumer
-                where = f"consumer {rank * num + wid} of {world * num}"
-            skipped = dataset.get("skipped") or {}
-            skip_text = ", ".join(f"{n} by {s}" for s, n in skipped.items()) or "none"
-            self.line(
-                depth + 1,
-                f"worker {worker_id} ({where}): epoch {dataset.get('epoch')}, skipped: {skip_text}",
-            )
-            try:
-                worker_graph = graph.worker(worker_id, dataset)
-            except Exception:  # noqa: BLE001 - labels are a help; the view by keys still works
-                worker_graph = RecipeGraph()
-            self.position(depth + 2, dataset.get("node"), worker_graph)
-
-
-def _note(level: Level, graph: RecipeGraph) -> str:
-    """What a level's fields mean for a resume, where that is not plain."""
-    state = level.state
-    if level.kind == "buffer shuffle":
+    def url(self, level: Level, file: Any) -> str | None:
+        """The URL of file ``file`` of the listing a reader level reads, if it can be told."""
+        pipe = self._pipes.get(id(level.entry))
+        files = pipe.inputs[0] if pipe is not None and pipe.inputs else None
+        if not isinstance(file, int) or not hasattr(files, "file_set"):
+            return None
         try:
-            replay = int(state["seq"]) - int(state["anchor_seq"])
-        except (TypeError, ValueError):
-            return ""
-        return f"; a resume re-reads {replay} items from the anchor"
-    if level.kind == "reader":
-        if state.get("file") is None:
-            return "; this consumer's files are done"
-        url = graph.url(level.node, state["file"])
-        if url is not None:
-            return f"; file {state['file']} is {url}"
-    return ""
+            if id(files) not in self._urls:  # listed once per graph
+                self._urls[id(files)] = files.file_set(self._ctx).urls  # type: ignore[union-attr]
+            return self._urls[id(files)][file]
+        except Exception:  # noqa: BLE001 - the URL is a help, not a check
+            return None
+
+    def levels(self, state: Any) -> Iterator[Level]:
+        """Every level of the node state ``state``, top down.
+
+        Levels of worker processes are not entered (see :meth:`worker`).
+        """
+        return self._levels(state, self.record, self._saved, "", 0)
+
+    def _levels(
+        self, state: Any, entry: Record | None, saved: Record | None, key: str, depth: int
+    ) -> Iterator[Level]:
+        if not isinstance(state, dict):
+            return
+        above: list[str] = []
+        children = upstream_states(entry, state)
+        # A node whose state is its input's has no level of its own: it labels the one below.
+        while entry is not None and len(children) == 1 and children[0][1] is state:
+            inputs = entry.get("inputs") or []
+            if not inputs:
+                break
+            above.insert(0, entry.get("step", ""))
+            entry, saved = inputs[0], _input(saved, 0)
+            children = upstream_states(entry, state)
+        kind = entry.get("kind") if entry is not None else None
+        steps = (entry.get("step", "") if entry is not None else "") + "".join(above)
+        names = _child_keys(state, children)
+        nested = frozenset(name.split("[")[0] for name in names)
+        yield Level(depth, key, state, kind, steps, nested, entry, saved)
+        for (index, child), name in zip(children, names):
+            below = _input(entry, index), _input(saved, index)
+            yield from self._levels(child, *below, name, depth + 1)
+
+
+def _input(entry: Record | None, index: int) -> Record | None:
+    inputs = entry.get("inputs") if isinstance(entry, dict) else None
+    return inputs[index] if isinstance(inputs, list) and index < len(inputs) else None
+
+
+def _child_keys(state: dict[str, Any], children: list[tuple[int, Any]]) -> list[str]:
+    """Where each child state sits in ``state``: ``"upstream"`` or ``"upstream[1]"``."""
+    found = []
+    for _, child in children:
+        name = "?"
+        for key, value in state.items():
+            if value is child:
+                name = key
+            elif isinstance(value, list):
+                name = next((f"{key}[{i}]" for i, v in enumerate(value) if v is child), name)
+        found.append(name)
+    return found
+
+
+class _WorkersPlaceholder(DataPipe[Any]):
+    """Stands in for the worker processes under a recipe's main-process steps."""
+
+    name = "workers"
+
+    def __repr__(self) -> str:
+        return ""  # its worker graphs label what runs there
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        return _PlaceholderNode()
+
+
+class _PlaceholderNode(Node[Any]):
+    """The worker processes, in a main-process graph built for labelling."""
+
+    kind = "workers"
+
+
+def recipe_graph(
+    pipe: DataPipe[Any], state: dict[str, Any], rank: int, epoch: int, saved: Record | None = None
+) -> RecipeGraph:
+    """``rank``'s graph built from ``pipe`` as ``state`` ran it (with workers: its main part),
+    to be compared with ``saved``, the graph record ``state`` holds for the rank."""
+    setup = saved_setup(state)
+    where = {"rank": rank, "world_size": setup["world_size"], "seed": setup["seed"]}
+    num_workers = setup["num_workers"]
+    if not num_workers:
+        return RecipeGraph.built(pipe, Context(epoch=epoch, **where), saved)
+    worker_part, main_steps = split_main_steps(pipe)
+
+    def worker(worker_id: int, dataset: dict[str, Any], saved: Record | None) -> RecipeGraph:
+        epoch = int(dataset.get("epoch") or 0)
+        ctx = Context(worker_id=worker_id, num_workers=num_workers, epoch=epoch, **where)
+        return RecipeGraph.built(worker_part, ctx, saved)
+
+    main = rebuild_on(_WorkersPlaceholder(), main_steps)
+    return RecipeGraph.built(main, Context(epoch=epoch, **where), saved, worker)

@@ -1,0 +1,135 @@
+"""nodes/torchdata_adapter.py against a real torchdata ``StatefulDataLoader`` with 2 workers.
+
+The adapter reads torchdata's private attributes and guards every read (a
+missing one gives ``None`` or ``[]``, never a crash mid-epoch), so a torchdata
+release that renames one would silently lose worker states. These tests fail
+instead, naming what changed.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any
+
+import pytest
+import torch.utils.data
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from nodes import torchdata_adapter as adapter
+
+pytestmark = pytest.mark.slow  # starts DataLoader worker processes
+
+
+def changed(attribute: str) -> str:
+    return f"torchdata changed {attribute}; update nodes/torchdata_adapter.py"
+
+
+class Counting(torch.utils.data.IterableDataset):
+    """Worker ``w`` of ``n`` yields ``w, w + n, ...`` below 40; its state is how many it gave."""
+
+    def __init__(self) -> None:
+        self.given = 0
+        self.worker = 0
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        self.worker, count = (info.id, info.num_workers) if info is not None else (0, 1)
+        for value in range(self.worker, 40, count):
+            if value // count < self.given:
+                continue  # resumed: already given
+            self.given += 1
+            yield value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"worker": self.worker, "given": self.given}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.given = state["given"]
+
+
+def loader() -> StatefulDataLoader:
+    return StatefulDataLoader(Counting(), batch_size=None, num_workers=2, snapshot_every_n_steps=2)
+
+
+def test_a_dataloader_state_has_what_the_adapter_reads():
+    dl = loader()
+    taken = list(islice(iter(dl), 7))
+    state = dl.state_dict()
+    del dl
+
+    assert sorted(taken) == sorted(set(taken)) and len(taken) == 7
+    assert adapter.SNAPSHOT in state, changed(f"the state key {adapter.SNAPSHOT!r}")
+    snapshot = state[adapter.SNAPSHOT]
+    for key in (adapter.WORKER_SNAPSHOTS, adapter.SNAPSHOT_STEP, adapter.LAST_YIELDED_WORKER_ID):
+        assert key in snapshot, changed(f"the snapshot key {key!r}")
+    assert adapter.NUM_WORKERS in snapshot.get(adapter.MAIN_SNAPSHOT, {}), changed(
+        f"the main snapshot's {adapter.NUM_WORKERS!r} (under {adapter.MAIN_SNAPSHOT!r})"
+    )
+    for key in (adapter.STEPS_SINCE_SNAPSHOT, adapter.ITERATOR_FINISHED):
+        assert key in state, changed(f"the state key {key!r}")
+    for name, worker in snapshot[adapter.WORKER_SNAPSHOTS].items():
+        for key in (adapter.WORKER_ID, adapter.DATASET_STATE):
+            assert key in worker, changed(f"the worker snapshot key {key!r} (in {name!r})")
+
+    workers = adapter.worker_dataset_states(state)
+    assert [worker_id for worker_id, _ in workers] == [0, 1], changed("the worker snapshots")
+    for worker_id, dataset in workers:
+        assert dataset["worker"] == worker_id, changed("the dataset states of the workers")
+
+    summary = adapter.snapshot_summary(state)
+    assert summary["num_workers"] == 2, changed("the number of workers in a state")
+    assert summary["snapshot_step"] > 0, changed(f"{adapter.SNAPSHOT_STEP!r}")
+    assert summary["snapshot_step"] + summary["steps_since"] == 7, changed(
+        f"{adapter.SNAPSHOT_STEP!r} or {adapter.STEPS_SINCE_SNAPSHOT!r}"
+    )
+    assert summary["last_worker"] in (0, 1), changed(f"{adapter.LAST_YIELDED_WORKER_ID!r}")
+    assert not summary["finished"]
+
+    marked = adapter.map_dataset_states(state, lambda dataset: {**dataset, "seen": True})
+    assert all(d["seen"] for _, d in adapter.worker_dataset_states(marked))
+    assert all("seen" not in d for _, d in adapter.worker_dataset_states(state))  # a copy
+
+    resumed = loader()  # the state (its layout included) still loads: the rest, exactly once
+    resumed.load_state_dict(state)
+    assert sorted(taken + list(resumed)) == list(range(40))
+
+
+def test_the_iterator_has_what_the_adapter_reads():
+    dl = loader()
+    it = iter(dl)
+    list(islice(it, 6))  # past a snapshot: both workers have sent their states
+
+    for name in (adapter.WORKER_SNAPSHOTS, "_workers", "_shutdown_workers"):
+        assert hasattr(it, name), changed(f"the iterator's attribute {name!r}")
+    latest = adapter.latest_worker_states(it, 2)
+    assert latest is not None and len(latest) == 2, changed(
+        f"the iterator's {adapter.WORKER_SNAPSHOTS!r}"
+    )
+    assert [state["worker"] for state in latest] == [0, 1], changed(
+        "the states the iterator keeps per worker (get_state())"
+    )
+    processes = adapter.worker_processes(it)
+    assert len(processes) == 2, changed("the iterator's '_workers' (the worker processes)")
+    assert all(p.is_alive() and p.pid for p in processes), changed("the worker processes")
+
+    adapter.shutdown_workers(it)
+
+    assert not any(p.is_alive() for p in processes), changed("'_shutdown_workers()'")
+
+
+def test_the_adapter_names_match_torchdatas_own():
+    """torchdata spells the state keys as class constants; a rename shows here first."""
+    from torchdata.stateful_dataloader.stateful_dataloader import (
+        _StatefulMultiProcessingDataLoaderIter as Iterator,
+    )
+
+    for constant, ours in (
+        ("_SNAPSHOT", adapter.SNAPSHOT),
+        ("_WORKER_SNAPSHOTS", adapter.WORKER_SNAPSHOTS),
+        ("_MAIN_SNAPSHOT", adapter.MAIN_SNAPSHOT),
+        ("_SNAPSHOT_STEP", adapter.SNAPSHOT_STEP),
+        ("_STEPS_SINCE_SNAPSHOT", adapter.STEPS_SINCE_SNAPSHOT),
+        ("_LAST_YIELDED_WORKER_ID", adapter.LAST_YIELDED_WORKER_ID),
+        ("_NUM_WORKERS", adapter.NUM_WORKERS),
+    ):
+        assert getattr(Iterator, constant, None) == ours, changed(constant)
