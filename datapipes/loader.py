@@ -18,16 +18,13 @@ from datapipes import checkpoint
 from datapipes.checkpoint import STATE_VERSION, StateMismatchError  # noqa: F401 - re-exported
 from datapipes.epochs import EpochCursor, EpochRun
 from datapipes.even_batches import EvenBatchesPolicy
+from datapipes.loader_stats import LoaderStats
 from datapipes.pipe import DataPipe
-from datapipes.progress import EpochClock, ProgressBar, progress_bar_class
-from datapipes.stats import PipelineStats, merge_rows
+from datapipes.progress import ProgressBar, progress_bar_class
+from datapipes.stats import PipelineStats
 from datapipes.topology import resolve_topology
-from datapipes.workers import runtime_recipe, worker_skip_counts, worker_states
+from datapipes.workers import runtime_recipe, worker_skip_counts
 from nodes import Context, Node
-from nodes.stats import StatsNode, clear_stats, graph_stats
-
-#: The statistics key of the Loader's own row: what the training loop waited for.
-LOADER_KEY = "loader"
 
 _DATALOADER_OPTIONS = frozenset(
     {
@@ -161,8 +158,7 @@ class Loader:
         self._cursor = EpochCursor()
         self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
         self._graph = checkpoint.GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
-        self._clock = EpochClock()
-        self._closed_stats: PipelineStats | None = None
+        self._stats = LoaderStats(self.collects_stats)
 
     # ----- iteration -----------------------------------------------------------
     @property
@@ -179,10 +175,10 @@ class Loader:
         root = self._root
         if root is None:
             root = self._root = self._build()
-            self._closed_stats = None
+            self._stats.new_graph()
         run = self._cursor.next_run()
         self._context.epoch = run.epoch
-        clear_stats(root)  # statistics are per epoch (and start again at a resume)
+        self._stats.new_epoch(root)
         root.reset(run.resume_from)
         self._cursor.begin(run)  # only now: a position the graph refused stays pending
         return self._cursor.watch(self._run(root, run))
@@ -197,11 +193,10 @@ class Loader:
         return self._even.value
 
     def _build(self) -> Node[Any]:
+        # The worker plan's graph, evened across ranks, under the Loader's statistics row.
         context = self._context
         root = self._even.wrap(self._runtime_pipe.build(context), lambda: context.epoch)
-        if self.collects_stats:  # what the training loop waits for: everything above
-            root = StatsNode(root, LOADER_KEY, "Loader", sample_every=1)  # few outputs: all
-        return root
+        return self._stats.wrap(root)
 
     def _run(self, root: Node[Any], run: EpochRun) -> Iterator[Any]:
         items = iter(root)
@@ -210,7 +205,7 @@ class Loader:
             # iterator of an earlier epoch is collected, that would close the graph the
             # current epoch is reading; so only this run's own exit closes it, below.
             items = chain(items)  # the same items, through an iterator that has no close()
-        self._clock.start()
+        self._stats.clock.start()
         bar = None
         if self.progress:
             bar = ProgressBar(run.epoch, self.pipe, progress_bar_class())
@@ -223,7 +218,7 @@ class Loader:
             raise
         finally:
             if self._cursor.is_current(run):  # not an abandoned iterator of an earlier epoch
-                self._clock.stop()
+                self._stats.clock.stop()
             if bar is not None:
                 bar.close()
         self._cursor.finish(run)
@@ -245,19 +240,7 @@ class Loader:
             raise RuntimeError(
                 "statistics are off for this Loader: make it with dp.Loader(..., stats=True)"
             )
-        if self._root is None and self._closed_stats is not None:
-            return self._closed_stats
-        rows = graph_stats(self._root)
-        loader = [row for row in rows if row["key"] == LOADER_KEY]
-        steps = merge_rows("workers", [s.get("stats") for s in worker_states(self._root)])
-        steps += merge_rows("main", [[row for row in rows if row["key"] != LOADER_KEY]])
-        return PipelineStats(
-            steps=steps,
-            epoch=self._cursor.last,
-            delivered=loader[0]["items"] if loader else 0,
-            elapsed_seconds=self._clock.seconds(),
-            loader_wait_seconds=loader[0]["seconds"] if loader else 0.0,
-        )
+        return self._stats.report(self._root, self._cursor.last)
 
     def skipped(self) -> dict[str, int]:
         """Bad records skipped so far in this epoch, per step with ``on_error="skip"``.
@@ -283,8 +266,7 @@ class Loader:
         if self._root is not None:
             self._cursor.suspend(self._root.state_dict)  # also ends an iterator kept from before
             self._root.close()
-            if self.collects_stats:  # the last epoch's statistics outlive the graph
-                self._closed_stats = self.stats()
+            self._stats.keep(self._root, self._cursor.last)  # they outlive the graph
             self._root = None
 
     def __enter__(self) -> Loader:

@@ -1,0 +1,69 @@
+"""The Loader's statistics: its own row, the epoch's clock, and the table ``stats()`` returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datapipes.progress import EpochClock
+from datapipes.stats import PipelineStats, merge_rows
+from datapipes.workers import worker_states
+from nodes import Node
+from nodes.stats import StatsNode, clear_stats, graph_stats
+
+#: The statistics key of the Loader's own row: what the training loop waited for.
+LOADER_KEY = "loader"
+
+
+class LoaderStats:
+    """What ``Loader.stats()`` reports about the current (or last) epoch.
+
+    It puts the Loader's own row on top of the built graph (:meth:`wrap`),
+    times the epoch (:attr:`clock`), clears the counters when an epoch starts,
+    and reads the rows of this process and of the DataLoader workers into a
+    :class:`datapipes.PipelineStats`. The last epoch's table outlives the
+    graph: after :meth:`keep` (at ``close()``) it is reported until a new
+    graph is built.
+    """
+
+    __slots__ = ("enabled", "clock", "_kept")
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.clock = EpochClock()
+        self._kept: PipelineStats | None = None
+
+    def wrap(self, root: Node[Any]) -> Node[Any]:
+        """``root`` with the Loader's row on top when statistics are on."""
+        if not self.enabled:
+            return root
+        # What the training loop waits for: everything above. Few outputs, so time them all.
+        return StatsNode(root, LOADER_KEY, "Loader", sample_every=1)
+
+    def new_graph(self) -> None:
+        """A graph was built: report it, not the table kept from the one before."""
+        self._kept = None
+
+    def new_epoch(self, root: Node[Any]) -> None:
+        """Statistics are per epoch (and start again at a resume)."""
+        clear_stats(root)
+
+    def report(self, root: Node[Any] | None, epoch: int) -> PipelineStats:
+        """The table of ``epoch``, read from ``root``'s graph (or kept from a closed one)."""
+        if root is None and self._kept is not None:
+            return self._kept
+        rows = graph_stats(root)
+        loader = [row for row in rows if row["key"] == LOADER_KEY]
+        steps = merge_rows("workers", [s.get("stats") for s in worker_states(root)])
+        steps += merge_rows("main", [[row for row in rows if row["key"] != LOADER_KEY]])
+        return PipelineStats(
+            steps=steps,
+            epoch=epoch,
+            delivered=loader[0]["items"] if loader else 0,
+            elapsed_seconds=self.clock.seconds(),
+            loader_wait_seconds=loader[0]["seconds"] if loader else 0.0,
+        )
+
+    def keep(self, root: Node[Any], epoch: int) -> None:
+        """``root`` is closing: its last epoch's table outlives it (when statistics are on)."""
+        if self.enabled:
+            self._kept = self.report(root, epoch)
