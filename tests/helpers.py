@@ -3,6 +3,8 @@ every kind of step. (Module level, so DataLoader workers and process pools can p
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 from collections import Counter
 from typing import Any
 
@@ -72,6 +74,19 @@ def rich_pipe() -> dp.DataPipe[Any]:
     left = dp.range(60).shuffle().filter(is_odd).shuffle(buffer_size=7)
     right = dp.range(100, 140).map(tenfold, num_workers=2).repeat(2)
     return dp.mix([left, right], [2, 1]).batch(3).unbatch().prefetch(2).batch(4)
+
+
+# ----- processes left behind ------------------------------------------------------------------
+
+
+def new_children(before: set[Any], wait_s: float = 10.0) -> list[Any]:
+    """Child processes started since ``before`` that are still alive after up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [p for p in multiprocessing.active_children() if p not in before]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
 
 
 # ----- the slow marker -----------------------------------------------------------------------

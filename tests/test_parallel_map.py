@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_same
+from helpers import assert_same, new_children
 
 import datapipes as dp
 from nodes import Context, ParallelMapNode, SequenceNode
@@ -160,15 +160,6 @@ def resumed(pipe: dp.DataPipe[Any], state: dict[str, Any], **options: Any) -> li
         return list(loader)
     finally:
         loader.close()
-
-
-def new_children(before: set[Any]) -> list[Any]:
-    deadline = time.monotonic() + 5
-    while True:
-        alive = [p for p in multiprocessing.active_children() if p not in before]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.02)
 
 
 def stop_workers_left_behind(before: set[Any]) -> None:
@@ -606,9 +597,9 @@ def test_close_after_a_worker_failed_to_build_its_graph(tmp_path):
     with pytest.raises(FileNotFoundError):
         list(loader)
     try:
-        assert new_children(before) == []  # the worker was stopped with the error
+        assert new_children(before, wait_s=5.0) == []  # the worker was stopped with the error
         loader.close()  # does not raise again or start another worker
-        assert new_children(before) == []
+        assert new_children(before, wait_s=5.0) == []
     finally:
         del loader
         stop_workers_left_behind(before)
@@ -677,20 +668,20 @@ def test_close_and_break_leave_nothing_behind(method):
     )
     loader.close()
     assert map_threads() == []
-    assert new_children(children) == []
+    assert new_children(children, wait_s=5.0) == []
     assert no_new_proc_children(pids) == set()
     # breaking out of the loop
     for i, _ in enumerate(loader):
         if i == 20:
             break
     assert map_threads() == []
-    assert new_children(children) == []
+    assert new_children(children, wait_s=5.0) == []
     assert no_new_proc_children(pids) == set()
     # a full epoch, then close
     assert len(list(loader)) == 500
     loader.close()
     assert map_threads() == []
-    assert new_children(children) == []
+    assert new_children(children, wait_s=5.0) == []
     assert no_new_proc_children(pids) == set()
 
 

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from helpers import worker_counts
+from helpers import is_odd, tenfold, worker_counts
 
 import datapipes as dp
 from nodes import Context, IterableNode, ShardNode, WholeDataContext
@@ -34,14 +34,6 @@ def records(n: int = N) -> Iterator[str]:
 
 STREAM = partial(records, N)
 EXPECTED = [f"r{i:02d}" for i in range(N)]
-
-
-def tenfold(x: int) -> int:
-    return 10 * x
-
-
-def is_odd(x: int) -> bool:
-    return x % 2 == 1
 
 
 def read_as(pipe: dp.DataPipe[Any], ctx: Context) -> list[Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import worker_counts
+from helpers import new_children, worker_counts
 from subprocess_helpers import run_forked_ranks
 from torch.utils.data import DataLoader
 
@@ -49,16 +49,6 @@ def die_on_9(x: int) -> int:
 
 def letters() -> list[str]:
     return [f"s{i}" for i in range(23)]
-
-
-def new_children(before: set[Any], wait_s: float = 10.0) -> list[Any]:
-    """Child processes started since ``before`` that are still alive after up to ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        alive = [p for p in multiprocessing.active_children() if p not in before]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.02)
 
 
 def new_non_daemon_threads(before: set[threading.Thread], wait_s: float = 5.0) -> list[str]:
