@@ -213,8 +213,12 @@ class GraphRecord:
     def text(self, root: Node[Any] | None) -> str | None:
         """The record of ``root`` (the Loader's built graph), or the one loaded or made before."""
         if root is not None and not self._made:
-            record = graph_record(root, self._pipe)
-            self._text, self._made = json.dumps(record, separators=(",", ":")), True
+            self._made = True
+            try:
+                record = graph_record(root, self._pipe)
+            except Exception:  # noqa: BLE001 - a label must never stop a checkpoint
+                return self._text
+            self._text = json.dumps(record, separators=(",", ":"))
         return self._text
 
     def load(self, text: str | None) -> None:
