@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from nodes.errors import ErrorPolicy
 
 T = TypeVar("T")
 
@@ -163,6 +166,15 @@ class Node(Iterator[T]):
             def upstream_states(cls, state):
                 return [(0, state)]  # its state is its input's (see upstream_states)
     """
+
+    # What a node declares about itself, read by the statistics and the skip counts.
+
+    #: Its input runs elsewhere (a thread, worker processes): the time its ``next()``
+    #: takes is waiting, not its input's work (see :func:`nodes.stats.graph_stats`).
+    upstream_in_background: bool = False
+    #: The bad-record policy of a node that can skip records (``on_error``), whose
+    #: count shows in ``Loader.skipped()`` and the statistics; ``None`` otherwise.
+    errors: ErrorPolicy | None = None
 
     #: A short name for this kind of node, recorded with checkpoints and shown by
     #: ``python -m datapipes inspect``; a subclass that sets none is named by its class.

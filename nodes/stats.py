@@ -163,12 +163,12 @@ def graph_stats(root: Node | None) -> list[dict[str, Any]]:
             continue
         inputs = [n for n in _inside(node) if isinstance(n, StatsNode)]
         mine = [n for n in _inside(node) if not isinstance(n, StatsNode)]
-        if any(getattr(n, "upstream_in_background", False) for n in mine):
+        if any(n.upstream_in_background for n in mine):
             wait = node.seconds  # its input works elsewhere; here it only waits for it
         else:
             wait = min(node.seconds, sum(n.seconds for n in inputs))
         skipped = sum(
-            n.errors.count for n in mine if isinstance(getattr(n, "errors", None), ErrorPolicy)
+            n.errors.count for n in mine if isinstance(n.errors, ErrorPolicy)
         )
         rows.append(
             {
