@@ -273,6 +273,16 @@ def check_setup(state: dict[str, Any], topology: dict[str, Any], seed: int, rank
         )
 
 
+def saved_even_batches(state: dict[str, Any]) -> Any:
+    """The ``even_batches`` value recorded in a state's topology, as found (unchecked).
+
+    >>> saved_even_batches({"topology": {"even_batches": True}}), saved_even_batches({})
+    (True, None)
+    """
+    topology = state.get("topology")
+    return topology.get("even_batches") if isinstance(topology, dict) else None
+
+
 def rank_position(state: dict[str, Any], rank: int) -> tuple[int, Any]:
     """``(epoch, node state or None)`` of ``rank`` in a checked ``state``."""
     mine = state["ranks"][str(rank)]

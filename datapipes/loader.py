@@ -300,7 +300,7 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration resumes the saved epoch where it stopped."""
         checkpoint.check_recipe_of(state, self._fingerprint, self._steps)
-        self._even.adopt(state.get("topology", {}).get("even_batches"))  # before it is compared
+        self._even.adopt(checkpoint.saved_even_batches(state))  # before it is compared
         checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
         self._cursor.restore(*checkpoint.rank_position(state, self.rank))
         self._graph.load(checkpoint.rank_graph(state, self.rank))
