@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import datapipes as dp
+from nodes import Node, UniformStream
 from nodes.testing import same
 
 # ----- comparing items ------------------------------------------------------------------------
@@ -96,3 +97,25 @@ def worker_counts(*counts: int) -> list[Any]:
     """``num_workers`` values for ``parametrize``: 0 stays in the fast loop (``-m "not slow"``);
     more start DataLoader worker processes, so those cases are marked slow."""
     return [n if n == 0 else pytest.param(n, marks=pytest.mark.slow) for n in counts]
+
+
+# ----- a custom node that draws through its ctx -------------------------------------------
+
+
+class SeededDraws(Node):
+    """Pairs each item with a draw from ``ctx.random_key()``: a custom node's random stream."""
+
+    def __init__(self, upstream: Node, ctx: Any) -> None:
+        super().__init__(upstream)
+        self.upstream, self.ctx = upstream, ctx
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self.upstream.reset(None if state is None else state["up"])
+        self.stream = UniformStream(self.ctx.random_key())
+        self.stream.seek(0 if state is None else state["draws"])
+
+    def __next__(self) -> tuple[Any, float]:
+        return (next(self.upstream), round(self.stream.next(), 6))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"up": self.upstream.state_dict(), "draws": self.stream.position()}

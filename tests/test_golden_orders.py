@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import fsspec
 import pytest
+from helpers import SeededDraws
 
 import datapipes as dp
-from nodes import Node, UniformStream
 
 
 def is_even(x):
@@ -24,25 +24,6 @@ def is_even(x):
 
 def file_number(record):
     return record["file"]
-
-
-class Noisy(Node):
-    """Pairs each item with a seeded draw: pins the random key a custom node gets as ctx."""
-
-    def __init__(self, upstream, ctx):
-        super().__init__(upstream)
-        self.upstream, self.ctx = upstream, ctx
-
-    def reset(self, state=None):
-        self.upstream.reset(None if state is None else state["up"])
-        self.stream = UniformStream(self.ctx.random_key())
-        self.stream.seek(0 if state is None else state["draws"])
-
-    def __next__(self):
-        return (next(self.upstream), round(self.stream.next(), 6))
-
-    def state_dict(self):
-        return {"up": self.upstream.state_dict(), "draws": self.stream.position()}
 
 
 def memory_files():
@@ -63,7 +44,7 @@ RECIPES = {
     "mix": lambda: dp.mix([dp.range(10), dp.range(100, 105)], [0.7, 0.3]),
     "shuffles in zip branches": lambda: dp.zip(dp.range(8).shuffle(), dp.range(8).shuffle()),
     "shuffles in repeat rounds": lambda: dp.range(5).shuffle().repeat(3),
-    "custom node's random key": lambda: dp.range(4).apply_node(Noisy),
+    "custom node's random key": lambda: dp.range(4).apply_node(SeededDraws),
 }
 
 GOLDEN = {
