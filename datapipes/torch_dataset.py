@@ -13,6 +13,7 @@ from nodes import Context, Node
 from nodes.errors import skip_counts
 from nodes.handover import inline_small_tensors
 from nodes.stats import graph_stats
+from nodes.worker_errors import carry
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
@@ -113,16 +114,25 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # Built at the first item, not in __iter__: a DataLoader worker that fails there
         # reports the error with an item, which the main process handles like any other,
         # rather than during its startup handshake, where torchdata cannot stop it.
-        root = self.pipe.build(ctx)
+        in_worker = torch.utils.data.get_worker_info() is not None
+        root = None
         try:
+            root = self.pipe.build(ctx)
             root.reset(None if pending is None else pending["node"])
             self._root = root
             items: Iterator[Any] = iter(root)
-            if self.inline_tensors and torch.utils.data.get_worker_info() is not None:
+            if self.inline_tensors and in_worker:
                 items = map(inline_small_tensors, items)
             yield from items
+        except Exception as error:
+            if not in_worker:
+                raise
+            # torch would rebuild it in the main process as type(message), which most types
+            # with several arguments (BadRecordError among them) do not take: carry it whole.
+            raise carry(error, ctx.worker_id) from None
         finally:
-            root.close()
+            if root is not None:
+                root.close()
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's position: epoch, consumer slot and node state (plain data)."""

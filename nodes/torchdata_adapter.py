@@ -9,8 +9,14 @@ reads private attributes, and nothing else in datapipes or nodes does:
   ``"_main_snapshot"`` (``"_num_workers"``), beside ``"_steps_since_snapshot"``
   and ``"_iterator_finished"``;
 - on the multi-process iterator: ``_worker_snapshots`` (the latest state each
-  worker sent, objects with ``get_state()``), ``_workers`` (the processes) and
-  ``_shutdown_workers()``.
+  worker sent, objects with ``get_state()``), ``_workers`` (the processes),
+  ``_shutdown_workers()``, ``_try_get_data`` (where it waits for data) and
+  ``_worker_pids_set``;
+- torch's SIGCHLD handling (``torch.utils.data._utils.signal_handling``:
+  ``_set_SIGCHLD_handler``, ``_remove_worker_pids``), so that a worker's death
+  is reported from the node's own ``next()`` (see ``watch_deaths``);
+- in a worker, ``torchdata.stateful_dataloader.worker.ManagerWatchdog`` (its
+  ``manager_pid``), the worker's watch on the main process.
 
 Checked against torchdata 0.11.0 (with torch 2.6 to 2.13). ``tests/test_torchdata_adapter.py``
 runs a real ``StatefulDataLoader`` with two workers and fails, naming the
@@ -19,6 +25,10 @@ attribute, when a torchdata release changes any of them; update this module then
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +102,17 @@ def snapshot_summary(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def at_step(state: Any, step: int) -> dict[str, Any] | None:
+    """``state`` made to resume after ``step`` items (replaying from its snapshot), or
+    ``None`` when its snapshot is past ``step`` (or it is no StatefulDataLoader state)."""
+    if not isinstance(state, dict) or not isinstance(state.get(SNAPSHOT), dict):
+        return None
+    snapshot_step = snapshot_summary(state)["snapshot_step"]
+    if snapshot_step > step:
+        return None
+    return {**state, STEPS_SINCE_SNAPSHOT: step - snapshot_step}
+
+
 def latest_worker_states(iterator: Any, num_workers: int) -> list[Any] | None:
     """The latest dataset state each worker sent, as the DataLoader iterator keeps them.
 
@@ -123,3 +144,146 @@ def shutdown_workers(iterator: Any) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
+
+
+def check_dataloader_state(state: Any, num_workers: int, path: str) -> list[tuple[int, Any, str]]:
+    """``(worker id, dataset state, its path)`` for each worker of a StatefulDataLoader state,
+    after refusing (:class:`nodes.errors.InvalidStateError`, naming the path) a state that
+    is not torchdata's layout for ``num_workers`` workers: a snapshot missing or ``None``
+    for a worker, a worker id out of range, a count that is no int >= 0, an unknown key.
+    """
+    from nodes.errors import InvalidStateError
+    from nodes.state_checks import at, check_int, expect_bool, expect_int, expect_keys
+
+    expect_keys(state, path, {SNAPSHOT, STEPS_SINCE_SNAPSHOT, ITERATOR_FINISHED})
+    expect_int(state, STEPS_SINCE_SNAPSHOT, path)
+    expect_bool(state, ITERATOR_FINISHED, path)
+    snapshot, where = state[SNAPSHOT], at(path, SNAPSHOT)
+    keys = {SNAPSHOT_STEP, LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, WORKER_SNAPSHOTS}
+    expect_keys(snapshot, where, keys)
+    expect_int(snapshot, SNAPSHOT_STEP, where)
+    expect_int(snapshot, LAST_YIELDED_WORKER_ID, where, 0, num_workers - 1)
+    main = snapshot[MAIN_SNAPSHOT]
+    if not isinstance(main, dict):
+        raise InvalidStateError(at(where, MAIN_SNAPSHOT), "a dict (the DataLoader's own)", main)
+    expect_int(main, NUM_WORKERS, at(where, MAIN_SNAPSHOT), num_workers, num_workers)
+    workers, where = snapshot[WORKER_SNAPSHOTS], at(where, WORKER_SNAPSHOTS)
+    names = [f"worker_{i}" for i in range(num_workers)]
+    expect_keys(workers, where, names)
+    found = []
+    for worker_id, name in enumerate(names):
+        worker, place = workers[name], at(where, name)
+        expect_keys(worker, place, {WORKER_ID, DATASET_STATE, "fetcher_state"})
+        check_int(worker[WORKER_ID], at(place, WORKER_ID), worker_id, worker_id)
+        if not isinstance(worker["fetcher_state"], dict | None):
+            raise InvalidStateError(at(place, "fetcher_state"), "a dict", worker["fetcher_state"])
+        found.append((worker_id, worker[DATASET_STATE], at(place, DATASET_STATE)))
+    return found
+
+
+# ----- worker deaths ------------------------------------------------------------------------
+# torch registers each iterator's worker pids and installs a SIGCHLD handler that raises
+# "DataLoader worker (pid N) is killed by signal" wherever the main thread happens to be:
+# in user code between epochs (an idle persistent worker), in another Loader's loop, or
+# inside torch's __next__ after it counted an item the caller never receives. For the
+# iterators a WorkerStreamNode runs, watch_deaths() takes them out of torch's registry; our
+# handler (chained before torch's) raises only where it is safe, the iterator itself
+# blocked waiting for data (torch's _try_get_data, before any count moves), and otherwise
+# only counts the exit, so the node checks its workers at its own next step.
+
+#: SIGCHLDs seen since the handler was installed; a node checks its workers when this moved.
+child_exits = 0
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()
+_handler_installed = False
+_previous_handler: Any = None
+
+
+def watch_deaths(iterator: Any) -> bool:
+    """Report deaths of ``iterator``'s workers only inside its own ``__next__`` (see above).
+
+    Returns whether it is watched: not where no SIGCHLD handler can be set (not the main
+    thread, Windows), where torch's handling is left as it is.
+    """
+    if not worker_processes(iterator) or not _install_handler():
+        return False
+    if getattr(iterator, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False  # so its shutdown does not remove them again
+    _watched.add(iterator)
+    return True
+
+
+def _install_handler() -> bool:
+    global _handler_installed, _previous_handler
+    if _handler_installed:
+        return True
+    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
+        return False
+    from torch.utils.data._utils import signal_handling
+
+    signal_handling._set_SIGCHLD_handler()  # torch's first, so it is the one chained to
+    _previous_handler = signal.getsignal(signal.SIGCHLD)
+    signal.signal(signal.SIGCHLD, _on_child_exit)
+    _handler_installed = True
+    return True
+
+
+def _on_child_exit(signum: int, frame: Any) -> None:
+    global child_exits
+    child_exits += 1
+    waiting = _waiting_iterator(frame)
+    if waiting is not None:
+        dead = [p.pid for p in worker_processes(waiting) if _has_died(p)]
+        if dead:  # caught by _try_get_data, which names the workers it finds dead
+            raise RuntimeError(f"DataLoader worker (pid(s) {dead}) died")
+    if callable(_previous_handler):
+        _previous_handler(signum, frame)
+
+
+def _waiting_iterator(frame: Any) -> Any:
+    """The watched iterator whose ``_try_get_data`` the main thread is in, if any."""
+    from torchdata.stateful_dataloader.stateful_dataloader import (
+        _StatefulMultiProcessingDataLoaderIter as Iterator,
+    )
+
+    code = Iterator._try_get_data.__code__
+    for _ in range(32):  # queue.get -> connection.poll -> selectors: a few frames deep
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            iterator = frame.f_locals.get("self")
+            return iterator if iterator in _watched else None
+        frame = frame.f_back
+    return None
+
+
+def _has_died(process: Any) -> bool:
+    """Whether a worker ended other than by exiting with 0 (not reaped: torch does that)."""
+    if not hasattr(os, "waitid"):  # not on every Unix: reap it, then torch finds its exit code
+        return process.exitcode not in (None, 0)
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # already reaped: its exit code is known
+        return process.exitcode not in (None, 0)
+    return info is not None and not (info.si_code == os.CLD_EXITED and info.si_status == 0)
+
+
+# ----- the workers' watch on the main process ---------------------------------------------
+# torchdata's worker loop makes a ManagerWatchdog after the worker_init_fn, which records
+# os.getppid() as the main process: a worker whose main process died before that records
+# init (or a subreaper) and waits forever. In the worker, the_main_process_is() makes the
+# watchdog compare against the pid recorded before forking instead.
+
+
+def the_main_process_is(pid: int) -> None:
+    """In a worker: make torchdata's parent watch expect ``pid`` as the main process."""
+    from torchdata.stateful_dataloader import worker
+
+    class WatchRecordedParent(worker.ManagerWatchdog):  # type: ignore[name-defined,misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.manager_pid = pid
+
+    worker.ManagerWatchdog = WatchRecordedParent

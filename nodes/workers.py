@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from nodes import torchdata_adapter as torchdata
 from nodes.base import Node, NotReset, State
+from nodes.parent_watch import WatchMainProcess
 from nodes.rng import stable_hash
 
 #: The main process snapshots the workers' states every ``SNAPSHOT_EVERY``
@@ -38,6 +40,10 @@ def stateful_dataloader(dataset: Any, num_workers: int, epoch: int, **options: A
     import torch
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    # Every worker first makes sure it ends with the main process (see nodes.parent_watch).
+    options["worker_init_fn"] = WatchMainProcess(
+        options.get("worker_init_fn"), start_method(options.get("multiprocessing_context"))
+    )
     topology = getattr(dataset, "topology", None)
     rank = getattr(topology, "rank", 0)
     key = f"datapipes workers {getattr(dataset, 'seed', 0)} {rank} {epoch}"
@@ -52,6 +58,13 @@ def stateful_dataloader(dataset: Any, num_workers: int, epoch: int, **options: A
             generator=torch.Generator().manual_seed(stable_hash(key)),
             **{"snapshot_every_n_steps": SNAPSHOT_EVERY, **options},
         )
+
+
+def start_method(context: Any) -> str:
+    """How worker processes start under a DataLoader's ``multiprocessing_context``."""
+    if context is None:
+        return multiprocessing.get_start_method()
+    return context if isinstance(context, str) else context.get_start_method()
 
 
 def _without_stats(state: dict[str, Any]) -> dict[str, Any]:
@@ -126,13 +139,20 @@ class WorkerStreamNode(Node):
         self._ended = False
         self._closed_state: State | None = None
         self._final_states: list[Any] = []
+        self._died_idle = ""  # persistent workers found dead at reset, reported at next()
+        self._exits_seen = 0  # torchdata.child_exits when the workers were last checked
+        self._returned = 0  # items returned in this epoch (a resume counts the ones before)
+        self._last_good: State | None = None  # the DataLoader's state at a multiple of that
 
     def reset(self, state: State | None = None) -> None:
         epoch = self._epoch()
         # Persistent workers go on to the next epoch by themselves (each copy of the dataset
         # counts its passes); a resume or any other epoch needs fresh ones.
         reuse = state is None and self._workers is not None and self._finished_epoch == epoch - 1
-        if not reuse:
+        # A persistent worker killed while it waited is reported at the first next(); the
+        # epoch starts in fresh workers, so the state then is this epoch's start.
+        self._died_idle = self._dead_workers() if reuse else ""
+        if not reuse or self._died_idle:
             self._stop_workers()
             self._dataset.set_epoch(epoch)
             self._loader = stateful_dataloader(
@@ -147,27 +167,73 @@ class WorkerStreamNode(Node):
         self._it = iter(()) if self._ended else iter(self._loader)
         if not self._ended:
             self._workers = self._it
+            torchdata.watch_deaths(self._it)  # reported by __next__, never from user code
+        self._exits_seen = torchdata.child_exits
+        self._last_good = None
+        self._returned = 0
+        if state is not None and not self._ended:
+            summary = torchdata.snapshot_summary(state["dataloader"])
+            self._returned = summary["snapshot_step"] + summary["steps_since"]
 
     def __next__(self) -> Any:
+        if self._exits_seen != torchdata.child_exits or self._died_idle:
+            self._check_workers()  # a child process ended since the last look: ours?
+        if not self._returned % SNAPSHOT_EVERY and not self._ended:
+            self._last_good = self._loader.state_dict()  # where a resume could restart
         try:
-            return next(self._it)
+            item = next(self._it)
         except StopIteration:
             if not self._ended:  # the first time only; an ended epoch stays ended
                 self._end_epoch()
             raise
         except BaseException as error:
-            # The epoch cannot go on: keep the position of the last item returned, stop the
-            # workers now rather than when the garbage collector finds the iterator.
-            dead = self._dead_workers() if isinstance(error, RuntimeError) else ""
-            self._closed_state = self.state_dict()
-            self._stop_workers()
-            if not dead:
-                raise
+            self._fail(error, self._dead_workers() if isinstance(error, RuntimeError) else "")
+        self._returned += 1  # nothing between here and the return can raise or run a handler
+        return item
+
+    def _check_workers(self) -> None:
+        self._exits_seen = torchdata.child_exits
+        dead = self._died_idle or self._dead_workers()
+        if dead and not self._ended:
+            self._fail(None, dead)
+
+    def _fail(self, error: BaseException | None, dead: str) -> NoReturn:
+        """End the epoch after ``error`` (or workers found ``dead``): keep the position of
+        the last item returned, stop the workers now rather than at garbage collection."""
+        idle, self._died_idle = self._died_idle, ""
+        self._closed_state = self._position()
+        self._stop_workers()
+        if not dead:
+            assert error is not None
+            raise error
+        if idle:
             raise WorkerDiedError(
-                f"DataLoader {dead} died during epoch {self._epoch()}; the epoch cannot "
-                "continue. Common causes: the machine ran out of memory (the kernel's OOM "
-                "killer sends SIGKILL), or native code crashed. Resume from the last checkpoint."
+                f"DataLoader {dead} died while waiting between epochs (persistent_workers="
+                f"True), before epoch {self._epoch()} read anything; nothing was lost. "
+                "Common causes: the machine ran out of memory (the kernel's OOM killer sends "
+                "SIGKILL), or something killed it. Load the Loader's state_dict() (taken "
+                f"now, it restarts epoch {self._epoch()}) or the last checkpoint to go on."
             ) from error
+        raise WorkerDiedError(
+            f"DataLoader {dead} died during epoch {self._epoch()}; the epoch cannot "
+            "continue. Common causes: the machine ran out of memory (the kernel's OOM "
+            "killer sends SIGKILL), or native code crashed. Resume from the last checkpoint."
+        ) from error
+
+    def _position(self) -> State:
+        """The state as of the last item this node returned.
+
+        torch counts an item before it reaches the caller; an exception in between (a
+        signal, Ctrl-C) would leave the DataLoader's state one item ahead: then the
+        state is rebuilt from its snapshot, or the one ``SNAPSHOT_EVERY`` items back.
+        """
+        if self._ended or self._loader is None:
+            return self.state_dict()
+        for state in (self._loader.state_dict(), self._last_good):
+            at = torchdata.at_step(state, self._returned)
+            if at is not None:
+                return {"ended": False, "dataloader": _without_stats(at)}
+        return self.state_dict()
 
     def _end_epoch(self) -> None:
         self._ended = True
@@ -227,5 +293,5 @@ class WorkerStreamNode(Node):
 
     def close(self) -> None:
         if self._closed_state is None and self._loader is not None:
-            self._closed_state = self.state_dict()
+            self._closed_state = self._position()
         self._stop_workers()

@@ -8,6 +8,7 @@ instead, naming what changed.
 
 from __future__ import annotations
 
+import time
 from itertools import islice
 from typing import Any
 
@@ -133,3 +134,65 @@ def test_the_adapter_names_match_torchdatas_own():
         ("_NUM_WORKERS", adapter.NUM_WORKERS),
     ):
         assert getattr(Iterator, constant, None) == ours, changed(constant)
+
+
+def test_what_the_death_watch_relies_on_is_still_there():
+    """watch_deaths takes a watched iterator's pids out of torch's SIGCHLD registry and
+    raises only inside its _try_get_data; the_main_process_is replaces the worker loop's
+    ManagerWatchdog. A torch or torchdata release that moves any of it fails here."""
+    import os
+    import signal
+
+    from torch.utils.data._utils import signal_handling
+    from torchdata.stateful_dataloader import worker
+    from torchdata.stateful_dataloader.stateful_dataloader import (
+        _StatefulMultiProcessingDataLoaderIter as Iterator,
+    )
+
+    for name in ("_set_SIGCHLD_handler", "_remove_worker_pids", "_set_worker_pids"):
+        assert callable(getattr(signal_handling, name, None)), changed(f"signal_handling.{name}")
+    code = Iterator._try_get_data.__code__
+    assert "_data_queue" in code.co_names and "is_alive" in code.co_names, changed(
+        "_try_get_data (where the iterator waits for data and checks its workers)"
+    )
+    assert "ManagerWatchdog" in worker._worker_loop.__code__.co_names, changed(
+        "the worker loop's ManagerWatchdog"
+    )
+    assert worker.ManagerWatchdog().manager_pid == os.getppid(), changed(
+        "ManagerWatchdog.manager_pid"
+    )
+
+    dl = loader()
+    it = iter(dl)
+    assert it._worker_pids_set, changed("the iterator's '_worker_pids_set'")
+    assert adapter.watch_deaths(it)
+    assert not it._worker_pids_set
+    with pytest.raises(ValueError):  # gone from torch's registry: removing again fails
+        signal_handling._remove_worker_pids(id(it))
+    assert signal.getsignal(signal.SIGCHLD) is adapter._on_child_exit
+    exits = adapter.child_exits
+    victim = adapter.worker_processes(it)[0]
+    victim.kill()
+    victim.join(5)
+    deadline = time.monotonic() + 5
+    while adapter.child_exits == exits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert adapter.child_exits > exits  # counted, and nothing raised here in "user code"
+    with pytest.raises(RuntimeError, match=f"pid.*{victim.pid}"):
+        list(it)  # the iterator itself reports it
+    adapter.shutdown_workers(it)
+
+
+def test_a_worker_watches_the_pid_recorded_before_forking():
+    import os
+
+    from torchdata.stateful_dataloader import worker
+
+    original = worker.ManagerWatchdog
+    try:
+        adapter.the_main_process_is(os.getpid())  # as if this process's parent were itself
+        watchdog = worker.ManagerWatchdog()
+        assert watchdog.manager_pid == os.getpid()
+        assert not watchdog.is_alive()  # its parent is not the recorded pid: "dead"
+    finally:
+        worker.ManagerWatchdog = original

@@ -423,3 +423,305 @@ def test_skip_counts_survive_asking_an_ended_worker_stream_again(tmp_path):
         next(stream)  # asked again after the end: still ended, counts kept
     skipped = [sum(state["skipped"].values()) for state in stream.worker_states()]
     assert sum(skipped) == 2
+
+
+# ----- worker deaths outside the live iteration (issue 14) ------------------------------------
+
+
+def with_pid(x: int) -> tuple[int, int]:
+    return x, os.getpid()
+
+
+def values(items: list[tuple[int, int]]) -> list[int]:
+    return [x for x, _ in items]
+
+
+def busy_user_code(seconds: float) -> None:
+    """What a training step does between two next() calls: Python code, then a sleep."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sum(range(1000))
+        time.sleep(0.005)
+
+
+def wait_dead(pid: int, wait_s: float = 5.0) -> None:
+    """Until ``pid`` (a child of this process) has exited, zombie or reaped."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still alive after {wait_s} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_an_idle_persistent_worker_killed_between_epochs_raises_at_the_next_epochs_first_next():
+    pipe = dp.range(40).shuffle().map(with_pid)
+    options = {"seed": 3, "num_workers": 2, "persistent_workers": True}
+    with dp.Loader(pipe, **options) as uninterrupted:
+        reference = [values(list(uninterrupted)) for _ in range(2)]
+    loader = dp.Loader(pipe, **options)
+    first = list(loader)
+    assert values(first) == reference[0]
+    pid = first[1][1]  # worker 1 gave the second item
+    os.kill(pid, signal.SIGKILL)
+    wait_dead(pid)
+    busy_user_code(0.3)  # the SIGCHLD arrives here: nothing may be raised in user code
+    it = iter(loader)
+    with pytest.raises(dp.WorkerDiedError) as info:
+        next(it)
+    message = str(info.value)
+    assert f"worker 1 (pid {pid}, killed by SIGKILL)" in message
+    assert "between epochs" in message and "epoch 1" in message
+    state = roundtrip_state(loader.state_dict())
+    loader.close()
+    resumed = dp.Loader(pipe, **options)
+    resumed.load_state_dict(state)
+    assert values(list(resumed)) == reference[1]  # epoch 1 in full: nothing lost or repeated
+    resumed.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_worker_of_one_loader_killed_while_another_iterates_leaves_that_one_alone():
+    pipe = dp.range(300).map(with_pid)
+    a = dp.Loader(pipe, num_workers=2)
+    it_a = iter(a)
+    head_a = [next(it_a) for _ in range(10)]  # A is mid-epoch, its workers idle
+    victim = head_a[0][1]  # A's worker 0
+    got_b = []
+    with dp.Loader(pipe, num_workers=2) as b:
+        for i, item in enumerate(b):
+            if i == 20:
+                os.kill(victim, signal.SIGKILL)
+                wait_dead(victim)
+            if i == 21:
+                busy_user_code(0.2)
+            got_b.append(item[0])
+    assert got_b == list(range(300))  # B went on unaffected
+    with pytest.raises(dp.WorkerDiedError, match=rf"worker 0 \(pid {victim}, killed by SIGKILL"):
+        next(it_a)
+    state = roundtrip_state(a.state_dict())
+    a.close()
+    resumed = dp.Loader(pipe, num_workers=2)
+    resumed.load_state_dict(state)
+    assert values(head_a) + values(list(resumed)) == list(range(300))
+    resumed.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_worker_killed_at_random_moments_leaves_a_state_that_resumes_exactly():
+    """A timer kills a worker while the main process is anywhere: in torch's __next__, in
+    user code, in the node. The state taken after the error never counts an unseen batch."""
+    import random
+
+    pipe = dp.range(3000).shuffle().batch(8)
+    options = {"seed": 5, "num_workers": 2}
+    with dp.Loader(pipe, **options) as uninterrupted:
+        reference = [x for batch in uninterrupted for x in batch.tolist()]
+    chance = random.Random(14)
+    deaths = 0
+    for trial in range(10):
+        before = set(multiprocessing.active_children())
+        loader = dp.Loader(pipe, **options)
+        got: list[int] = []
+        it = iter(loader)
+        workers = [p for p in multiprocessing.active_children() if p not in before]
+        assert len(workers) == 2
+        victim = chance.choice(workers)
+        # Process.kill signals only a process not reaped yet: never a reused pid
+        timer = threading.Timer(chance.uniform(0.02, 0.25), victim.kill)
+        timer.start()
+        try:
+            for batch in it:
+                got += batch.tolist()
+                time.sleep(0.0005)
+        except dp.WorkerDiedError as error:
+            deaths += 1
+            assert f"pid {victim.pid}" in str(error)
+        finally:
+            timer.cancel()
+            timer.join()
+        state = roundtrip_state(loader.state_dict())
+        loader.close()
+        resumed = dp.Loader(pipe, **options)
+        resumed.load_state_dict(state)
+        rest = [x for batch in resumed for x in batch.tolist()]
+        resumed.close()
+        assert got + rest == reference, f"trial {trial}: {len(got)} + {len(rest)} items"
+    assert deaths >= 5  # most kills land mid-epoch
+
+
+# ----- no orphans: workers end with the main process, however early it dies --------------------
+
+
+def _loader_then_wait(ready_fd: int) -> None:
+    """A forked child: its own process group (to find its workers), a Loader, then forking."""
+    os.setpgid(0, 0)
+    loader = dp.Loader(dp.range(10**6), num_workers=2, persistent_workers=True)
+    os.write(ready_fd, b"x")  # about to fork the workers
+    it = iter(loader)
+    next(it)
+    time.sleep(60)  # killed long before
+
+
+def processes_in_group(group: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc")
+def test_no_worker_survives_its_main_process_killed_right_after_forking():
+    import random
+    import select
+
+    chance = random.Random(5)
+    fork = multiprocessing.get_context("fork")
+    orphans: dict[int, list[int]] = {}
+    for trial in range(10):
+        read_end, write_end = os.pipe()
+        child = fork.Process(target=_loader_then_wait, args=(write_end,))
+        child.start()
+        os.close(write_end)
+        try:
+            assert select.select([read_end], [], [], 30)[0], "the child never got to forking"
+            time.sleep(chance.choice([0, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15]))
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(10)
+            deadline = time.monotonic() + 3.0  # a couple of seconds for them to notice
+            while processes_in_group(child.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            left = processes_in_group(child.pid)
+            if left:
+                orphans[trial] = left
+        finally:
+            os.close(read_end)
+            for pid in processes_in_group(child.pid):  # never leave one behind, even failing
+                os.kill(pid, signal.SIGKILL)
+    assert orphans == {}, f"workers outlived their main process: {orphans}"
+
+
+# ----- one exception type at any num_workers ---------------------------------------------------
+
+
+class TwoPartError(Exception):
+    """A user exception whose constructor takes several arguments."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(code, detail)
+        self.code, self.detail = code, detail
+
+
+def raise_on_5(kind: str):
+    def fail(x: int) -> int:
+        if x == 5:
+            if kind == "value":
+                raise ValueError("five is not allowed")
+            if kind == "key":
+                raise KeyError(("shard", 5))
+            if kind == "custom":
+                raise CorruptSampleError("sample 5 is corrupt")
+            if kind == "two-part":
+                raise TwoPartError(5, "five")
+            if kind == "bad-record":
+                raise dp.BadRecordError("data.jsonl", "line 6", "not JSON")
+        return x
+
+    return fail
+
+
+@pytest.mark.parametrize("num_workers", worker_counts(0, 1, 2))
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("value", ValueError),
+        ("key", KeyError),
+        ("custom", CorruptSampleError),
+        ("two-part", TwoPartError),
+        ("bad-record", dp.BadRecordError),
+    ],
+)
+def test_an_exception_in_a_step_has_the_same_type_and_fields_at_any_num_workers(
+    kind, expected, num_workers
+):
+    loader = dp.Loader(dp.range(12).map(raise_on_5(kind)), num_workers=num_workers)
+    with pytest.raises(expected) as info:
+        list(loader)
+    loader.close()
+    error = info.value
+    assert type(error) is expected
+    if kind == "key":
+        assert error.args == (("shard", 5),)  # the key itself, as without workers
+    if kind == "two-part":
+        assert (error.args, error.code, error.detail) == ((5, "five"), 5, "five")
+    if kind == "bad-record":
+        assert (error.url, error.where, error.reason) == ("data.jsonl", "line 6", "not JSON")
+    if num_workers:  # the worker's traceback comes along: in the message, or as the cause
+        shown = str(error) + str(error.__cause__ or "")
+        worker = 5 % num_workers  # items are dealt round-robin
+        assert f"Caught {expected.__name__} in DataLoader worker process {worker}" in shown
+        assert "Original Traceback" in shown and "in fail" in shown
+
+
+@pytest.mark.filterwarnings("ignore::datapipes.BadRecordWarning")
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
+def test_a_bad_record_read_in_a_worker_is_caught_as_bad_record_error(tmp_path, num_workers):
+    pipe = dp.files(_jsonl_with_bad_lines(tmp_path)).read_jsonl()
+    with dp.Loader(pipe, num_workers=num_workers) as loader:
+        with pytest.raises(dp.BadRecordError) as info:
+            list(loader)
+    assert info.value.where.startswith("line 6") and info.value.url.endswith(".jsonl")
+    assert "line 6" in str(info.value)
+
+
+@pytest.mark.slow
+def test_an_exception_type_the_main_process_cannot_rebuild_becomes_a_runtime_error_naming_it():
+    class MadeInAFunction(Exception):  # no module attribute: pickle cannot name it
+        pass
+
+    def fail(x: int) -> int:
+        if x == 3:
+            raise MadeInAFunction("from a local class")
+        return x
+
+    with dp.Loader(dp.range(8).map(fail), num_workers=2, multiprocessing_context="fork") as loader:
+        with pytest.raises(RuntimeError) as info:
+            list(loader)
+    assert type(info.value) is RuntimeError
+    assert "Caught MadeInAFunction in DataLoader worker process 1" in str(info.value)
+    assert "from a local class" in str(info.value)
+
+
+def test_a_carried_exception_is_rebuilt_by_torchs_own_reraise():
+    """torch rebuilds a worker's exception as ``type(message)`` (ExceptionWrapper.reraise);
+    the carrier turns that into the original. Fails here if torch changes how it rebuilds."""
+    from torch._utils import ExceptionWrapper
+
+    from nodes.worker_errors import carry
+
+    try:
+        raise carry(dp.BadRecordError("a.tar", "member 'x.jpg'", "truncated"), worker_id=3)
+    except Exception:
+        wrapper = ExceptionWrapper(where="in DataLoader worker process 3")
+    with pytest.raises(dp.BadRecordError) as info:
+        wrapper.reraise()
+    assert info.value.url == "a.tar" and info.value.reason == "truncated"
+    assert str(info.value).startswith("Caught BadRecordError in DataLoader worker process 3.")
