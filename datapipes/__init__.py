@@ -8,8 +8,9 @@
 
 from datapipes.combine import concat, mix, zip
 from datapipes.files import FileList, files
-from datapipes.loader import Loader, StateMismatchError
+from datapipes.loader import InvalidStateError, Loader, StateMismatchError
 from datapipes.pipe import DataPipe
+from datapipes.saving import load_checkpoint, save_checkpoint
 from datapipes.sources import from_iterable, from_sequence, range
 from datapipes.stats import PipelineStats, StepStats
 from datapipes.topology import Topology
@@ -24,6 +25,7 @@ __all__ = [
     "BadRecordWarning",
     "DataPipe",
     "FileList",
+    "InvalidStateError",
     "Loader",
     "PipelineStats",
     "StateMismatchError",
@@ -37,8 +39,10 @@ __all__ = [
     "files",
     "from_iterable",
     "from_sequence",
+    "load_checkpoint",
     "mix",
     "no_collate",
     "range",
+    "save_checkpoint",
     "zip",
 ]
