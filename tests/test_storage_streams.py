@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import errno
 import io
+import itertools
 import random
+import threading
+import time
 
 import aiohttp
 import pytest
@@ -20,11 +23,13 @@ from nodes.storage import (
     ForwardOnlyFile,
     ReadFailedError,
     RetryingFile,
+    RetryPolicy,
     is_transient,
     read_full,
     skip_forward,
     with_retries,
 )
+from nodes.storage.retry import FIRST_WAIT, MAX_WAIT
 
 URL = "https://example.test/data.bin"
 DATA = random.Random(0).randbytes(5000)  # no byte pattern repeats at a short distance
@@ -578,3 +583,237 @@ def test_a_wrapped_transient_http_error_is_retried_and_shown_unwrapped():
         with_retries(action, 2, url=URL, doing=lambda: "size query", backoff=NO_WAIT)
     assert "ClientResponseError: 503" in str(caught.value)  # the HTTP error, not the wrapper
     assert len(calls) == 3
+
+
+# ----- the retry policy: back-off schedule, count and time caps, read timeout ---------------
+
+
+class FakeClock:
+    """A clock that only moves when slept on: retry schedules without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _policy(clock: FakeClock, **limits) -> RetryPolicy:
+    return RetryPolicy(clock=clock.clock, sleep=clock.sleep, **limits)
+
+
+def _always_failing(calls: list[int], error: BaseException | None = None):
+    def action():
+        calls.append(1)
+        raise TimeoutError("timed out") if error is None else error
+
+    return action
+
+
+def test_the_backoff_doubles_up_to_its_cap_with_a_deterministic_jitter():
+    policy = RetryPolicy()
+    first = list(itertools.islice(policy.waits("a"), 12))
+    assert first == list(itertools.islice(policy.waits("a"), 12))  # same key, same schedule
+    assert first != list(itertools.islice(policy.waits("b"), 12))  # another read, other jitter
+    for k, wait in enumerate(first):
+        cap = min(MAX_WAIT, FIRST_WAIT * 2**k)
+        assert cap / 2 <= wait < cap, (k, wait)
+    assert first[:3] != [FIRST_WAIT, 2 * FIRST_WAIT, 4 * FIRST_WAIT]  # jittered, not exact
+    state = random.getstate()
+    list(itertools.islice(policy.waits("a"), 5))
+    assert random.getstate() == state  # the global RNG is the user's
+
+
+def test_retries_stop_at_retry_seconds_with_a_last_attempt_at_the_deadline():
+    clock, calls = FakeClock(), []
+    with pytest.raises(ReadFailedError) as caught:
+        with_retries(
+            _always_failing(calls),
+            _policy(clock, retry_seconds=20),
+            url=URL,
+            doing=lambda: "read at byte offset 7",
+        )
+    assert sum(clock.slept) == pytest.approx(20)  # the last wait is cut to end at 20 s
+    assert max(clock.slept) <= MAX_WAIT
+    assert clock.slept == pytest.approx(
+        [*itertools.islice(_policy(clock).waits(f"{URL} read at byte offset 7"), len(calls) - 2),
+         clock.slept[-1]]
+    )
+    assert len(calls) == len(clock.slept) + 1
+    message = str(caught.value)
+    assert URL in message and "read at byte offset 7" in message
+    assert f"after {len(calls)} attempt(s) in 20.0 s" in message
+    assert "retry_seconds=20" in message and "TimeoutError: timed out" in message
+
+
+def test_the_default_policy_rides_out_a_ten_second_outage():
+    clock, calls = FakeClock(), []
+
+    def action():
+        calls.append(clock.now)
+        if clock.now < 10:
+            raise ConnectionResetError(errno.ECONNRESET, "reset")
+        return "data"
+
+    assert with_retries(action, _policy(clock), url=URL, doing=lambda: "read") == "data"
+    assert 10 <= clock.now < 10 + MAX_WAIT  # retried right after the outage, not long after
+    assert len(calls) < 20  # at most 5 s apart: not a busy loop
+
+
+@pytest.mark.parametrize(
+    ("limits", "attempts"),
+    [
+        ({"retries": 2}, 3),  # the count cap comes first
+        ({"retries": 0}, 1),
+        ({"retries": 1000, "retry_seconds": 3}, None),  # the time cap comes first
+        ({"retry_seconds": 0}, 1),  # no retries at all
+    ],
+)
+def test_whichever_cap_comes_first_ends_the_retries(limits, attempts):
+    clock, calls = FakeClock(), []
+    with pytest.raises(ReadFailedError, match=r"attempt\(s\)"):
+        with_retries(_always_failing(calls), _policy(clock, **limits), url=URL, doing=str)
+    if attempts is not None:
+        assert len(calls) == attempts
+    else:
+        assert sum(clock.slept) == pytest.approx(limits["retry_seconds"])
+        assert 3 < len(calls) < 1000
+
+
+def test_a_permanent_error_ends_the_retries_at_once_whatever_the_budget():
+    clock, calls = FakeClock(), []
+    with pytest.raises(ReadFailedError, match=r"after 1 attempt\(s\)") as caught:
+        with_retries(_always_failing(calls, ValueError("bad")), _policy(clock), url=URL, doing=str)
+    assert len(calls) == 1 and clock.slept == []
+    assert "retry budget" not in str(caught.value)  # retrying would not have helped
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"timeout": 0},
+        {"timeout": -1},
+        {"timeout": float("nan")},
+        {"timeout": float("inf")},
+        {"timeout": "60"},
+        {"retry_seconds": -1},
+        {"retry_seconds": float("nan")},
+        {"retries": -1},
+        {"retries": True},
+        {"retries": 2.0},
+    ],
+)
+def test_invalid_limits_are_refused_naming_the_limit(limits):
+    (name,) = limits
+    with pytest.raises(ValueError, match=name):
+        RetryPolicy(**limits)
+
+
+class StallingOpener(FakeOpener):
+    """A fake opener whose first ``stalls`` files block in their first read at ``at`` until
+    released (or 30 s), as a server that stops sending mid-body without closing."""
+
+    def __init__(self, stalls: int, at: int = 1000, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.stalls_left, self.at = stalls, at
+        self.release = threading.Event()
+        self.stalled: list[FakeFile] = []
+
+    def __call__(self) -> FakeFile:
+        file = super().__call__()
+        if self.stalls_left > 0:
+            self.stalls_left -= 1
+            self.stalled.append(file)
+            read = file.read
+
+            def stalling_read(size: int | None = -1) -> bytes:
+                if file.pos >= self.at:
+                    self.release.wait(30)  # bounded: a test never hangs
+                return read(size)
+
+            file.read = stalling_read  # type: ignore[method-assign]
+        return file
+
+
+def _watched(opener: FakeOpener, **limits) -> RetryingFile:
+    policy = RetryPolicy(first_wait=NO_WAIT, **limits)
+    return RetryingFile(URL, opener, policy, watchdog=True)
+
+
+def test_a_stalled_read_times_out_and_is_retried_on_a_reopened_file():
+    opener = StallingOpener(stalls=1)
+    file = _watched(opener, timeout=0.2)
+    try:
+        assert read_full(file, 1000) == DATA[:1000]
+        started = time.monotonic()
+        assert read_full(file, 3000) == DATA[1000:4000]  # the stall, then a reopened file
+        assert 0.2 <= time.monotonic() - started < 5
+        assert opener.opens == 2 and file.retried == 1
+        stalled = opener.stalled[0]
+        assert not stalled.closed  # its read still runs: closing it under its feet is unsafe
+        opener.release.set()
+        _wait_for(lambda: stalled.closed)  # closed once the stalled read returned
+    finally:
+        opener.release.set()
+        file.close()
+
+
+def test_a_read_that_keeps_stalling_fails_naming_the_url_offset_and_timeout():
+    opener = StallingOpener(stalls=100)
+    file = _watched(opener, timeout=0.1, retry_seconds=0.5)
+    try:
+        assert read_full(file, 1000) == DATA[:1000]
+        started = time.monotonic()
+        with pytest.raises(ReadFailedError) as caught:
+            file.read(100)
+        assert time.monotonic() - started < 5  # about 0.1 + 0.5 + 0.1 s, never a hang
+        message = str(caught.value)
+        assert URL in message and "read at byte offset 1000" in message
+        assert "no progress for 0.1 s" in message and "timeout=0.1 s" in message
+        assert isinstance(caught.value.__cause__, TimeoutError)
+        assert file.tell() == 1000
+    finally:
+        opener.release.set()
+        file.close()
+
+
+def test_without_a_watchdog_reads_run_on_the_callers_thread():
+    threads = []
+    opener = FakeOpener()
+    file = RetryingFile(URL, opener, RetryPolicy(timeout=0.1))  # local files: no watchdog
+    real = opener.files[0].read
+
+    def read(size: int | None = -1) -> bytes:
+        threads.append(threading.current_thread())
+        return real(size)
+
+    opener.files[0].read = read  # type: ignore[method-assign]
+    assert file.read(10) == DATA[:10]
+    assert threads == [threading.current_thread()]
+
+
+def test_watchdog_threads_end_with_their_files():
+    def helpers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "datapipes-read"}
+
+    before = helpers()  # other tests' stalled helpers may still be ending
+    for _ in range(20):
+        with _watched(FakeOpener(), timeout=5) as file:
+            assert file.read(10) == DATA[:10]
+            assert helpers() - before  # its reads run on a helper (the last one's may be ending)
+    _wait_for(lambda: not helpers() - before)
+    with pytest.raises(FileNotFoundError):  # a failed open ends its thread too
+        _watched(FakeOpener(faults=[Fault(0, FileNotFoundError("x"), on="open")]), timeout=5)
+    _wait_for(lambda: not helpers() - before)
+
+
+def _wait_for(condition, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import fsspec.utils
+
 # The HTTP client libraries whose own exceptions are network trouble, whatever their class.
 _HTTP_LIBRARIES = ("aiohttp", "requests", "urllib3")
 
@@ -34,6 +36,27 @@ def open_stream(fs: Any, path: str) -> Any:
     (an ``HTTPStreamFile``) instead of a file that fetches blocks by range.
     """
     return fs.open(path, "rb", block_size=0)
+
+
+def with_read_timeout(url: str, options: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    """``options`` for ``url`` with aiohttp timeouts of ``timeout`` s, unless the user set some.
+
+    aiohttp's own default waits 300 s for a byte, and fsspec retries nothing, so a
+    server that stalls mid-body would hold a read for 5 minutes per attempt. The
+    timeouts are per socket read and per connection (``total`` stays unlimited: a slow
+    but moving download is fine). A ``client_kwargs={"timeout": ...}`` of the user wins.
+    """
+    if timeout is None or fsspec.utils.get_protocol(url) not in ("http", "https"):
+        return options
+    client_kwargs = dict(options.get("client_kwargs") or {})
+    if "timeout" in client_kwargs:
+        return options
+    import aiohttp  # optional (the "http" extra), and slow to import: only for HTTP URLs
+
+    client_kwargs["timeout"] = aiohttp.ClientTimeout(
+        total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
+    )
+    return {**options, "client_kwargs": client_kwargs}
 
 
 def wrapped_error(error: BaseException) -> BaseException | None:

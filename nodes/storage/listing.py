@@ -11,7 +11,9 @@ from typing import Any
 
 import fsspec
 
-from nodes.storage.retry import with_retries
+from nodes.storage import fsspec_http
+from nodes.storage.retry import RetryPolicy, as_policy, with_retries
+from nodes.storage.watchdog import watchdog_for
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _NUMERIC_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -61,27 +63,34 @@ def as_patterns(urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]])
 
 
 def list_files(
-    urls: str | Sequence[str], storage_options: dict[str, Any], retries: int = 3
+    urls: str | Sequence[str],
+    storage_options: dict[str, Any],
+    retries: int | RetryPolicy | None = 3,
 ) -> list[str]:
     """The sorted, de-duplicated URLs that ``urls`` names (lists, globs, brace ranges).
 
     The result is the same in every process that sees the same storage, which
     is what lets every consumer deal the same list. Patterns that match
-    nothing are an error naming the pattern.
+    nothing are an error naming the pattern. A listing is retried and timed
+    out as reads are (``retries``: a :class:`~nodes.storage.retry.RetryPolicy` or a count).
     """
+    policy = as_policy(retries)
     found: set[str] = set()
     for pattern in as_patterns(urls):
         for url in expand_braces(pattern):
             if not _GLOB_CHARS.search(url_path(url)):
                 found.add(url)
                 continue
-            fs, path = fsspec.core.url_to_fs(url, **storage_options)
-            listing = with_retries(
-                lambda fs=fs, path=path: fs.glob(path, detail=True),
-                retries,
-                url=url,
-                doing=lambda: "listing",
-            )
+            options = fsspec_http.with_read_timeout(url, storage_options, policy.timeout)
+            fs, path = fsspec.core.url_to_fs(url, **options)
+            with watchdog_for(fs, policy.timeout) as watchdog:
+                listing = with_retries(
+                    lambda fs=fs, path=path: fs.glob(path, detail=True),
+                    policy,
+                    url=url,
+                    doing=lambda: "listing",
+                    watchdog=watchdog,
+                )
             matches = [p for p, info in listing.items() if _is_file(info)]
             if not matches:
                 raise FileNotFoundError(f"dp.files(): {url!r} matched no files")

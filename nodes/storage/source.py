@@ -10,8 +10,9 @@ from fsspec.utils import infer_compression
 from nodes.storage import fsspec_http
 from nodes.storage.compression import decompressing
 from nodes.storage.listing import url_path
-from nodes.storage.retry import with_retries
+from nodes.storage.retry import RetryPolicy, as_policy, with_retries
 from nodes.storage.streams import ForwardOnlyFile, RetryingFile, skip_forward
+from nodes.storage.watchdog import can_stall, watchdog_for
 
 
 class SourceFile:
@@ -24,12 +25,16 @@ class SourceFile:
     """
 
     def __init__(
-        self, url: str, storage_options: dict[str, Any], retries: int, block_size: int
+        self,
+        url: str,
+        storage_options: dict[str, Any],
+        retries: int | RetryPolicy | None,
+        block_size: int,
     ) -> None:
         self.url = url
         self.compression = infer_compression(url_path(url))
-        self._options = storage_options
-        self._retries = retries
+        self._retries = as_policy(retries)
+        self._options = fsspec_http.with_read_timeout(url, storage_options, self._retries.timeout)
         self._block_size = block_size
         self._fs: Any = None
         self._path = ""
@@ -50,6 +55,12 @@ class SourceFile:
         if self._fs is None:
             self._fs, self._path = fsspec.core.url_to_fs(self.url, **self._options)
         return self._fs, self._path
+
+    @property
+    def can_stall(self) -> bool:
+        """Whether a read may block with no error (anything but local disk and memory):
+        such reads run under a watchdog with the policy's timeout."""
+        return can_stall(self._filesystem()[0])
 
     def _open_raw(self) -> Any:
         fs, path = self._filesystem()
@@ -78,7 +89,11 @@ class SourceFile:
         stream: reaching ``offset`` then downloads the bytes before it.
         """
         raw = RetryingFile(
-            self.url, self._open_raw, self._retries, stream_instead=self._stream_instead
+            self.url,
+            self._open_raw,
+            self._retries,
+            stream_instead=self._stream_instead,
+            watchdog=self.can_stall,
         )
         if self.compression is None:
             raw.seek(offset)
@@ -91,7 +106,13 @@ class SourceFile:
         """The size in bytes of the stored (not decompressed) file; ``None`` if the server
         does not say (an HTTP answer without ``Content-Length``)."""
         fs, path = self._filesystem()
-        size = with_retries(
-            lambda: fs.size(path), self._retries, url=self.url, doing=lambda: "size query"
-        )
+        with watchdog_for(fs, self._retries.timeout) as watchdog:
+            size = with_retries(
+                lambda: fs.size(path),
+                self._retries,
+                url=self.url,
+                doing=lambda: "size query",
+                watchdog=watchdog,
+            )
         return None if size is None else int(size)
+

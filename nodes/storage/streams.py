@@ -7,7 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nodes.storage.retry import ReadFailedError, with_retries
+from nodes.storage.retry import ReadFailedError, RetryPolicy, as_policy, with_retries
+from nodes.storage.watchdog import Watchdog
 
 
 class _ReadOnlyStream(io.RawIOBase):
@@ -59,12 +60,16 @@ class _CountedStream(_ReadOnlyStream):
 
 
 class RetryingFile(_CountedStream):
-    """A read-only file that reopens itself and retries a failed read a bounded number of times.
+    """A read-only file that reopens itself and retries a failed read within a retry policy.
 
     ``opener()`` returns a fresh binary file at its start. Each read that
     fails with a transient error (see :func:`~nodes.storage.retry.is_transient`) is retried on a
-    reopened file, positioned again, after an exponential back-off; after
-    ``retries`` failed attempts the last error is raised with the URL added.
+    reopened file, positioned again, after an exponential back-off; when the
+    policy (``retries``: a :class:`~nodes.storage.retry.RetryPolicy` or a count)
+    gives up, a ``ReadFailedError`` names the URL, the offset, the attempts and
+    the last error. With ``watchdog=True`` and a policy timeout, every open and
+    read runs under a :class:`~nodes.storage.watchdog.Watchdog`, so one that
+    stalls fails (and is retried) after the timeout instead of hanging.
     A seek only records the position; the next read goes there.
     """
 
@@ -72,16 +77,19 @@ class RetryingFile(_CountedStream):
         self,
         url: str,
         opener: Callable[[], Any],
-        retries: int,
-        backoff: float = 0.05,
+        retries: int | RetryPolicy | None,
+        backoff: float | None = None,
         *,
         stream_instead: Callable[[BaseException | None], bool] | None = None,
+        watchdog: bool = False,
     ) -> None:
         super().__init__()
         self.url = url
         self._opener = opener
-        self._retries = retries
+        self._retries = as_policy(retries)
         self._backoff = backoff
+        timeout = self._retries.timeout
+        self._watchdog = Watchdog(timeout) if watchdog and timeout is not None else None
         self._pos = 0
         self.retried = 0
         # Asked once, with the cause of a read that failed for good, whether that failure
@@ -90,7 +98,11 @@ class RetryingFile(_CountedStream):
         self._stream_instead = stream_instead
         self._file: Any = None  # opened (again) by _here() when None
         self._positioned = False  # whether self._file sits at self._pos
-        self._attempt(self._here)  # a missing file fails now, not at the first read
+        try:
+            self._attempt(self._here)  # a missing file fails now, not at the first read
+        except BaseException:
+            self.close()  # the handle and the watchdog's thread, not left to the GC
+            raise
 
     def _attempt(self, action: Callable[[], Any]) -> Any:
         return with_retries(
@@ -100,6 +112,7 @@ class RetryingFile(_CountedStream):
             doing=lambda: f"read at byte offset {self._pos}",
             between=self._between_attempts,
             backoff=self._backoff,
+            watchdog=self._watchdog,
         )
 
     def _between_attempts(self) -> None:
@@ -109,11 +122,24 @@ class RetryingFile(_CountedStream):
     def _discard(self) -> None:
         """Drop the handle (broken, or of the wrong kind); the next attempt opens another."""
         file, self._file, self._positioned = self._file, None, False
-        if file is not None:
+        if file is None:
+            return
+        if self._watchdog is not None:  # a stalled read may still hold it: closed after that
+            self._watchdog.discard(file)
+            return
+        try:
+            file.close()
+        except Exception:  # noqa: BLE001 - the old handle is broken anyway
+            pass
+
+    def close(self) -> None:
+        if not self.closed:
             try:
-                file.close()
-            except Exception:  # noqa: BLE001 - the old handle is broken anyway
-                pass
+                self._discard()  # through the watchdog: a stalled read may still hold it
+                if self._watchdog is not None:
+                    self._watchdog.close()
+            finally:
+                super().close()
 
     def _here(self) -> Any:
         """The open handle, at ``self._pos`` (opening or seeking it as needed)."""
