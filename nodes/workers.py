@@ -164,7 +164,17 @@ class WorkerStreamNode(Node):
         self._ended = state is not None and bool(state.get("ended"))
         if state is not None and not self._ended:
             self._loader.load_state_dict(state["dataloader"])
-        self._it = iter(()) if self._ended else iter(self._loader)
+        try:
+            self._it = iter(()) if self._ended else iter(self._loader)
+        except RuntimeError as error:  # a persistent worker died just as the epoch began
+            dead = self._dead_workers()
+            self._stop_workers()
+            if not dead:
+                raise
+            raise WorkerDiedError(
+                f"DataLoader {dead} died as epoch {epoch} began, before it read anything; "
+                "nothing was lost: iterate again to run the epoch in new workers."
+            ) from error
         if not self._ended:
             self._workers = self._it
             torchdata.watch_deaths(self._it)  # reported by __next__, never from user code

@@ -725,3 +725,22 @@ def test_a_carried_exception_is_rebuilt_by_torchs_own_reraise():
         wrapper.reraise()
     assert info.value.url == "a.tar" and info.value.reason == "truncated"
     assert str(info.value).startswith("Caught BadRecordError in DataLoader worker process 3.")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("returned", [31, 40], ids=["before-a-snapshot", "after-a-snapshot"])
+def test_an_item_torch_counted_but_the_caller_never_got_is_not_in_the_state(returned):
+    """torch counts an item before it reaches the caller; an exception in between (a signal
+    handler, Ctrl-C) loses it. The state must be the last item returned, not torch's count,
+    also where torch took its snapshot (every 32 items) at the lost item."""
+    topology = dp.Topology(0, 1, "arguments")
+    stream = WorkerStreamNode(dp.TorchDataset(dp.range(100), topology), 2, lambda: 0)
+    stream.reset()
+    got = [next(stream) for _ in range(returned)]
+    next(stream._it)  # torch hands out (and counts) one more item that never reaches the caller
+    stream.close()
+    state = roundtrip_state(stream.state_dict())
+    again = WorkerStreamNode(dp.TorchDataset(dp.range(100), topology), 2, lambda: 0)
+    again.reset(state)
+    assert got + list(again) == list(range(100))
+    again.close()
