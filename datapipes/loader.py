@@ -18,6 +18,7 @@ from datapipes import checkpoint
 from datapipes.checkpoint import STATE_VERSION, StateMismatchError  # noqa: F401 - re-exported
 from datapipes.epochs import EpochCursor, EpochRun
 from datapipes.even_batches import EvenBatchesPolicy
+from datapipes.listings import JobListings
 from datapipes.loader_stats import LoaderStats
 from datapipes.pipe import DataPipe
 from datapipes.progress import ProgressBar, progress_bar_class
@@ -155,6 +156,7 @@ class Loader:
             pipe, self.topology, self.seed, num_workers, dataloader_options, stats=stats
         )
         self._even = EvenBatchesPolicy(even_batches, pipe, self.topology, num_workers, self.seed)
+        self._listings = JobListings(pipe, self.topology)  # listed once, at the first build
         self._cursor = EpochCursor()
         self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
         self._graph = checkpoint.GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
@@ -195,6 +197,7 @@ class Loader:
     def _build(self) -> Node[Any]:
         # The worker plan's graph, evened across ranks, under the Loader's statistics row.
         context = self._context
+        context.listings = self._listings.get(context)  # rank 0's, shared with the workers
         root = self._even.wrap(self._runtime_pipe.build(context), lambda: context.epoch)
         return self._stats.wrap(root)
 

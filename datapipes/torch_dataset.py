@@ -17,6 +17,7 @@ from nodes.worker_errors import carry
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
+    from nodes.files import Listings
 
 
 class TorchDataset(torch.utils.data.IterableDataset):
@@ -35,6 +36,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
     epoch, and a fresh copy in new workers runs epoch 0 again. Persistent
     workers keep their own copy, so there ``set_epoch`` only takes effect on
     the first pass: later passes count on from it, one epoch per pass.
+
+    Files: under your own DataLoader each worker lists a recipe's files itself
+    (a Loader lists once and sets ``listings``, which its workers read instead).
 
     >>> import datapipes as dp
     >>> from torch.utils.data import DataLoader
@@ -61,6 +65,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # Only where the DataLoader's collate passes items through unchanged (a Loader's
         # workers): a collating DataLoader would meet the wrappers instead of tensors.
         self.inline_tensors = inline_tensors
+        # The file listings its graphs read (a Loader sets them before starting workers, so
+        # no worker lists the files again); None: each copy lists for itself.
+        self.listings: Listings | None = None
         self._epoch = 0
         self._last_epoch: int | None = None
         self._pending: dict[str, Any] | None = None
@@ -85,7 +92,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         # A forked worker inherits the process group, so the check holds there too.
         self.topology.check_against_torch_distributed()
-        return Context(
+        ctx = Context(
             rank=self.topology.rank,
             world_size=self.topology.world_size,
             worker_id=worker_id,
@@ -93,6 +100,8 @@ class TorchDataset(torch.utils.data.IterableDataset):
             seed=self.seed,
             stats=self.stats,
         )
+        ctx.listings = self.listings
+        return ctx
 
     def __iter__(self) -> Iterator[Any]:
         ctx = self._context()

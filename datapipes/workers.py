@@ -33,6 +33,8 @@ class InWorkers(DataPipe[Any]):
         return f"DataLoader workers ({self.args[1]} processes)"
 
     def _build(self, ctx: Context) -> Node[Any]:
+        # The workers read the Loader's listings (inherited or pickled), never list again.
+        self._dataset.listings = ctx.listings  # type: ignore[attr-defined]
         return WorkerStreamNode(
             self._dataset,  # type: ignore[attr-defined]
             self.args[1],

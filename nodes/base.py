@@ -25,12 +25,17 @@ class Context:
     ``world_size * num_workers`` consumers. ``epoch`` is mutable: the owner of
     a graph (usually a :class:`datapipes.Loader`) sets it before ``reset``.
     ``stats=True`` builds every step with per-step statistics
-    (:class:`nodes.stats.StatsNode`).
+    (:class:`nodes.stats.StatsNode`). ``listings`` (a :class:`nodes.files.Listings`,
+    set by the owner) holds the file listings its file lists share instead of each
+    listing the files itself.
 
     >>> ctx = Context(rank=1, world_size=2, epoch=3, seed=7)
     >>> ctx.consumer_index, ctx.num_consumers
     (1, 2)
     """
+
+    #: The file listings this graph reads (``None``: each file list lists for itself).
+    listings: Any = None
 
     def __init__(
         self,
@@ -122,6 +127,7 @@ class ScopedContext(Context):
     epoch = property(lambda self: self._parent.epoch)
     seed = property(lambda self: self._parent.seed)
     stats = property(lambda self: self._parent.stats)
+    listings = property(lambda self: self._parent.listings)
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
         return self._parent.random_key(self.tag, *parts, seed=seed)

@@ -26,6 +26,7 @@ class WholeDataContext(Context):
     epoch = property(lambda self: self._parent.epoch)
     seed = property(lambda self: self._parent.seed)
     stats = property(lambda self: self._parent.stats)
+    listings = property(lambda self: self._parent.listings)
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
         return self._parent.random_key(*parts, seed=seed)

@@ -1,0 +1,143 @@
+"""One listing per job: a Loader lists its files once, and every rank and worker reads that one.
+
+A file added or removed while the ranks list would otherwise give each rank
+another listing, and dealing two different listings to consumers duplicates
+some records and loses others without a word. So:
+
+* under ``torch.distributed`` (several ranks), rank 0 lists and broadcasts the
+  listings to every rank (``broadcast_object_list`` on a gloo group), once
+  per Loader, when its first epoch's graph is built; every rank must
+  therefore iterate its Loader, as ``even_batches`` already requires. This
+  also saves the other ranks their listing;
+* DataLoader workers receive the listings with the recipe they run (inherited
+  with ``fork``, pickled once per worker with ``spawn``) and never list;
+* without ``torch.distributed`` (``rank``/``world_size`` as arguments, or
+  ``RANK``/``WORLD_SIZE`` before ``init_process_group``) ranks cannot talk:
+  each lists for itself. The checkpoint keeps every file list's listing
+  digest, so a resume over changed files is refused.
+
+The listing is made once per Loader and kept for its life (across epochs and
+``close()``), as the built graph kept it before; a new Loader lists again.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from datapipes.files import Files
+from datapipes.pipe import DataPipe
+from datapipes.topology import Topology
+from nodes import Context
+from nodes.files import FileSet, Listings
+
+
+class JobListings:
+    """A Loader's listings: made at its first epoch's build (the same point on every rank)."""
+
+    __slots__ = ("_pipe", "_topology", "_listings")
+
+    def __init__(self, pipe: DataPipe[Any], topology: Topology) -> None:
+        self._pipe, self._topology = pipe, topology
+        self._listings: Listings | None = None
+
+    def get(self, ctx: Context) -> Listings:
+        """The listings of every file list of the recipe, agreed on by all ranks."""
+        if self._listings is None:  # once per Loader: under torch.distributed a collective
+            self._listings = agreed_listings(file_sets(self._pipe, ctx), self._topology)
+            self._listings.digest_all()  # here once, rather than in every worker's states
+        return self._listings
+
+
+def file_sets(pipe: DataPipe[Any], ctx: Context) -> list[FileSet]:
+    """The file sets a recipe's file lists name, one per listing, in recipe order."""
+    found: dict[str, FileSet] = {}
+    stack = [pipe]
+    seen: set[int] = set()
+    order: list[Files] = []
+    while stack:  # depth first, inputs in order: the same order on every rank
+        step = stack.pop()
+        if id(step) in seen:
+            continue
+        seen.add(id(step))
+        if isinstance(step, Files):
+            order.append(step)
+        stack.extend(reversed(step.inputs))
+    for step in order:
+        files = step.file_set(ctx)
+        found.setdefault(files.listing_key, files)
+    return list(found.values())
+
+
+def agreed_listings(sets: list[FileSet], topology: Topology) -> Listings:
+    """The listings of ``sets``: made by rank 0 and broadcast under ``torch.distributed``,
+    else made here (each process lists for itself)."""
+    if not sets:
+        return Listings()
+    group = _listing_group(topology)
+    if group is _NO_GROUP:
+        return Listings({files.listing_key: files.list() for files in sets})
+    return Listings(_broadcast_from_rank_0(sets, group))
+
+
+_NO_GROUP = object()  # ranks cannot talk: each process lists for itself
+
+
+def _listing_group(topology: Topology) -> Any:
+    """The gloo group to broadcast on (``None``: the default group), or ``_NO_GROUP``.
+
+    Under NCCL this makes a gloo group, which is collective: every rank calls
+    it at the same point (its Loader's first epoch), as ``even_batches`` does.
+    """
+    import torch.distributed as dist
+
+    if topology.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return _NO_GROUP
+    if dist.get_world_size() == 1:
+        return _NO_GROUP
+    # Gloo, so the broadcast of a few MB of URLs never queues behind NCCL work on the GPU.
+    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+
+def _broadcast_from_rank_0(sets: list[FileSet], group: Any) -> dict[str, list[str]]:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    payload: list[Any] = [None]
+    failure: BaseException | None = None
+    if rank == 0:
+        try:
+            payload = [("listed", {files.listing_key: files.list() for files in sets})]
+        except Exception as error:  # noqa: BLE001 - every rank must hear of it, not hang
+            failure = error
+            payload = [("failed", _portable(error))]
+    dist.broadcast_object_list(payload, src=0, group=group)
+    if failure is not None:
+        raise failure
+    outcome = payload[0]
+    if not (isinstance(outcome, tuple) and len(outcome) == 2):
+        raise RuntimeError(
+            f"rank {rank} received {type(outcome).__name__} instead of rank 0's file listings; "
+            "every rank must run the same datapipes version and build its Loader from the "
+            "same recipe"
+        )
+    kind, value = outcome
+    if kind == "failed":
+        raise value
+    missing = [files for files in sets if files.listing_key not in value]
+    if missing:
+        raise RuntimeError(
+            f"rank {rank} reads the files {missing[0].patterns!r}, which rank 0's recipe does "
+            "not list (rank 0 lists the files for every rank): every rank must build its Loader "
+            "from the same recipe with the same storage options"
+        )
+    return {files.listing_key: value[files.listing_key] for files in sets}
+
+
+def _portable(error: Exception) -> Exception:
+    """``error`` as the other ranks can receive it: itself when it pickles, else its text."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any error that does not round-trip
+        return RuntimeError(f"rank 0 could not list the files: {type(error).__name__}: {error}")
+    return error
