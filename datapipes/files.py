@@ -24,6 +24,7 @@ from nodes.readers import (
 )
 from nodes.readers.lines import RECORD_BLOCK_SIZE
 from nodes.storage import as_patterns, listing_digest, url_path
+from nodes.storage.retry import DEFAULT_RETRY_SECONDS, DEFAULT_TIMEOUT, RetryPolicy
 
 _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "auth")
 
@@ -149,22 +150,29 @@ class Files(FileList):
         self,
         urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
-        retries: int,
+        retries: int | None,
         block_size: int,
         storage_options: dict[str, Any],
+        timeout: float | None = DEFAULT_TIMEOUT,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
     ) -> None:
         patterns = as_patterns(urls)  # validates now, lists nothing
         urls = patterns[0] if isinstance(urls, str | os.PathLike) else tuple(patterns)
-        if not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        # Validates all three, naming the one that is wrong.
+        policy = RetryPolicy(retries=retries, retry_seconds=retry_seconds, timeout=timeout)
         kwargs: dict[str, Any] = dict(_masked(storage_options))
-        if retries != 3:
+        # The retry limits are operational, not structural, so timeout and retry_seconds are
+        # not in kwargs (the identity, the fingerprint, the random keys, repr and the skip
+        # counts' names): changing them resumes the same checkpoint. An explicit retries
+        # count other than 3 stays there as before issue 14, so that a checkpoint taken
+        # with it still matches, with the same shuffle orders.
+        if retries is not None and retries != 3:
             kwargs["retries"] = retries
         if block_size != DEFAULT_BLOCK_SIZE:
             kwargs["block_size"] = block_size
         super().__init__(args=(urls,), **kwargs)
         object.__setattr__(self, "_options", dict(storage_options))
-        object.__setattr__(self, "_retries", retries)
+        object.__setattr__(self, "_retries", policy)
         object.__setattr__(self, "_block_size", block_size)
 
     def _own_args(self) -> str:
@@ -200,7 +208,6 @@ class Files(FileList):
             shuffle_seed=shuffle_seed,
             retries=self._retries,  # type: ignore[attr-defined]
             block_size=self._block_size,  # type: ignore[attr-defined]
-            listings=ctx.listings,  # the job's listing when its owner shares one (a Loader)
         )
 
 
@@ -252,7 +259,9 @@ class Read(DataPipe[Any]):
 def files(
     urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
-    retries: int = 3,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    retry_seconds: float = DEFAULT_RETRY_SECONDS,
+    retries: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
     **storage_options: Any,
 ) -> FileList:
@@ -260,17 +269,34 @@ def files(
 
     ``"data/train-*.jsonl"``, ``"s3://bucket/x/*.tar"``,
     ``"https://host/shard-{00000..00127}.tar"`` all work; the listing is
-    sorted, so every process sees the same order. A Loader lists once (rank 0
-    for every rank under ``torch.distributed``) and hands the listing to its
-    DataLoader workers, so no two consumers deal different listings. ``storage_options`` go to
-    the filesystem (credentials are masked in ``repr``). A read that fails
-    with a transient error (network, 5xx, timeout) is retried ``retries``
-    times with back-off. Chain ``.shuffle()`` to reorder files each epoch and
-    a ``read_*`` step to get records::
+    sorted, so every process sees the same order. ``storage_options`` go to
+    the filesystem (credentials are masked in ``repr``). Chain ``.shuffle()``
+    to reorder files each epoch and a ``read_*`` step to get records::
 
         dp.files("data/train-*.jsonl").shuffle().read_jsonl().shuffle(10_000)
 
     Compressed files (``.gz``, ``.bz2``, ``.xz``, ``.zst`` with ``zstandard``)
     are decompressed transparently.
+
+    Remote reads (anything but local disk and ``memory://``): an open or read
+    that receives nothing for ``timeout`` seconds (default 60; ``None``: no
+    limit of ours) fails as a transient error. A transient error (network,
+    HTTP 5xx/408/429, timeout) is retried on a reopened file at the same
+    offset, after waits that double from 0.1 s up to 5 s (with a
+    deterministic jitter), until ``retry_seconds`` (default 60) have passed
+    since the read first failed, or after ``retries`` retries if that is
+    set (default ``None``: no count cap; whichever comes first ends it).
+    Then :class:`~nodes.storage.ReadFailedError` (an ``OSError``) names the
+    URL, the byte offset, the attempts, the time spent, the limits and the
+    last error; under ``on_error="skip"`` the rest of that file is skipped
+    and counted. These limits are not part of the recipe's identity:
+    changing them resumes the same checkpoint.
     """
-    return Files(urls, retries=retries, block_size=block_size, storage_options=storage_options)
+    return Files(
+        urls,
+        retries=retries,
+        block_size=block_size,
+        storage_options=storage_options,
+        timeout=timeout,
+        retry_seconds=retry_seconds,
+    )
