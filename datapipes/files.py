@@ -208,6 +208,7 @@ class Files(FileList):
             shuffle_seed=shuffle_seed,
             retries=self._retries,  # type: ignore[attr-defined]
             block_size=self._block_size,  # type: ignore[attr-defined]
+            listings=ctx.listings,  # the job's listing when its owner shares one (a Loader)
         )
 
 
@@ -269,7 +270,9 @@ def files(
 
     ``"data/train-*.jsonl"``, ``"s3://bucket/x/*.tar"``,
     ``"https://host/shard-{00000..00127}.tar"`` all work; the listing is
-    sorted, so every process sees the same order. ``storage_options`` go to
+    sorted, so every process sees the same order. A Loader lists once (rank 0
+    for every rank under ``torch.distributed``) and hands the listing to its
+    DataLoader workers, so no two consumers deal different listings. ``storage_options`` go to
     the filesystem (credentials are masked in ``repr``). Chain ``.shuffle()``
     to reorder files each epoch and a ``read_*`` step to get records::
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,10 +11,58 @@ import numpy as np
 
 from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
 from nodes.rng import IndexPermutation
-from nodes.storage import SourceFile, list_files, listing_digest
+from nodes.storage import SourceFile, as_patterns, list_files, listing_digest
 from nodes.storage.retry import RetryPolicy
 
 DEFAULT_BLOCK_SIZE = 1 << 20
+
+
+class Listings:
+    """The listings of one job's file lists in this process, each made once and then shared.
+
+    A :class:`datapipes.Loader` owns one (see :mod:`datapipes.listings`): its
+    graph and the DataLoader workers it ships it to read every file list's
+    URLs from here, instead of each listing the files again (a worker that
+    listed for itself could see other files than its peers, and pays the
+    listing's time and memory once more). Keyed by what a file set lists (its
+    patterns and storage options), so two steps over the same files share one
+    listing.
+    """
+
+    def __init__(self, listed: Mapping[str, list[str]] | None = None) -> None:
+        self._listed: dict[str, list[str]] = dict(listed or {})
+        self._states: dict[str, State] = {}
+
+    def urls(self, files: FileSet) -> list[str]:
+        """``files``' listing: the one held here, else listed now and kept."""
+        key = files.listing_key
+        if key not in self._listed:
+            self._listed[key] = files.list()
+        return self._listed[key]
+
+    def listing_state(self, files: FileSet) -> State:
+        """``{"files", "digest"}`` of ``files``' listing, computed once for every consumer."""
+        key = files.listing_key
+        if key not in self._states:
+            urls = self.urls(files)
+            self._states[key] = {"files": len(urls), "digest": listing_digest(urls)}
+        return self._states[key]
+
+    def digest_all(self) -> None:
+        """Compute every listing's digest now, before workers inherit or receive a copy."""
+        for key, urls in self._listed.items():
+            if key not in self._states:
+                self._states[key] = {"files": len(urls), "digest": listing_digest(urls)}
+
+    def __contains__(self, files: object) -> bool:
+        return isinstance(files, FileSet) and files.listing_key in self._listed
+
+    def __len__(self) -> int:
+        return len(self._listed)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(str(len(urls)) for urls in self._listed.values())
+        return f"Listings({len(self._listed)} listing(s) of [{counts}] files)"
 
 
 class FileSet:
@@ -22,7 +71,9 @@ class FileSet:
     ``urls`` is a URL, a glob or a brace pattern (or a list of them), read
     through fsspec with ``storage_options``. ``shuffle_key`` (with
     ``shuffle_seed``) reorders the files every epoch with a permutation that
-    every rank and worker computes identically.
+    every rank and worker computes identically. With ``listings`` the listing
+    comes from there (made once per job, shared with the DataLoader workers);
+    without, this file set lists the files itself on first use.
     """
 
     def __init__(
@@ -34,6 +85,7 @@ class FileSet:
         shuffle_seed: int | None = None,
         retries: int | RetryPolicy | None = 3,
         block_size: int = DEFAULT_BLOCK_SIZE,
+        listings: Listings | None = None,
     ) -> None:
         self.patterns = urls
         self.storage_options = storage_options
@@ -41,15 +93,31 @@ class FileSet:
         self.shuffle_seed = shuffle_seed
         self.retries = retries
         self.block_size = block_size
+        self.listings = listings
         self._urls: list[str] | None = None
         self._listing_state: State | None = None
 
     @property
     def urls(self) -> list[str]:
-        """The sorted listing."""
+        """The sorted listing (the shared one when this file set has ``listings``)."""
         if self._urls is None:
-            self._urls = list_files(self.patterns, self.storage_options, self.retries)
+            self._urls = self.list() if self.listings is None else self.listings.urls(self)
         return self._urls
+
+    def list(self) -> list[str]:
+        """List the files now, through the storage (``urls`` lists once and keeps it)."""
+        return list_files(self.patterns, self.storage_options, self.retries)
+
+    @property
+    def listing_key(self) -> str:
+        """What this file set lists (patterns and storage options), as a short digest.
+
+        Equal for file sets that list the same files the same way, in every
+        process; credentials in the storage options are hashed, never shown.
+        """
+        options = sorted((str(name), repr(value)) for name, value in self.storage_options.items())
+        named = repr((as_patterns(self.patterns), options))
+        return hashlib.sha256(named.encode()).hexdigest()[:16]
 
     def source(self, index: int) -> SourceFile:
         """File ``index`` of the listing, ready to open."""
@@ -77,7 +145,10 @@ class FileSet:
     def listing_state(self) -> State:
         """``{"files", "digest"}`` of the listing; computed once, as states are taken often."""
         if self._listing_state is None:
-            self._listing_state = {"files": len(self.urls), "digest": listing_digest(self.urls)}
+            if self.listings is not None:  # digested once per job, not once per worker
+                self._listing_state = self.listings.listing_state(self)
+            else:
+                self._listing_state = {"files": len(self.urls), "digest": listing_digest(self.urls)}
         return dict(self._listing_state)
 
 
