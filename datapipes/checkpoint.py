@@ -38,7 +38,9 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from datapipes.checkpoint_schema import check_envelope, node_state, rank_path
 from nodes import Context, Node
+from nodes.errors import InvalidStateError, StateMismatchError  # noqa: F401 - re-exported
 from nodes.even import EvenBatchesNode
 from nodes.stats import StatsNode
 from nodes.workers import WorkerStreamNode
@@ -60,10 +62,6 @@ _WHY_REFUSED = {
         "from the recipe's display string, not its structure"
     ),
 }
-
-
-class StateMismatchError(ValueError):
-    """A checkpoint does not belong to this Loader's recipe or topology."""
 
 
 # ----- writing ----------------------------------------------------------------------------
@@ -233,9 +231,22 @@ class GraphRecord:
 def check_recipe_of(state: Any, fingerprint: str, steps: Sequence[str]) -> None:
     """Raise :class:`StateMismatchError` unless ``state`` is a Loader state of this version
     taken with the recipe of ``fingerprint`` (the message then shows the steps that differ).
+    A malformed state raises :class:`InvalidStateError` (naming the path) first.
     """
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        found = state.get("version") if isinstance(state, dict) else type(state).__name__
+    check_shape(state)
+    if state["fingerprint"] != fingerprint:
+        raise StateMismatchError(
+            "this checkpoint was taken with a different recipe:\n"
+            + explain_difference(list(state["steps"]), list(steps))
+        )
+
+
+def check_shape(state: Any) -> None:
+    """Raise :class:`StateMismatchError` unless ``state`` is a Loader state of this version,
+    and :class:`InvalidStateError` (naming the path) unless its envelope is well formed."""
+    version = state.get("version") if isinstance(state, dict) else None
+    if not isinstance(state, dict) or type(version) is not int or version != STATE_VERSION:
+        found = version if isinstance(state, dict) else type(state).__name__
         hint = ""
         if isinstance(found, int) and found < STATE_VERSION:
             why = _WHY_REFUSED.get(found, "whose positions meant something else")
@@ -246,11 +257,7 @@ def check_recipe_of(state: Any, fingerprint: str, steps: Sequence[str]) -> None:
         raise StateMismatchError(
             f"not a datapipes Loader state of version {STATE_VERSION} (found {found!r})" + hint
         )
-    if state["fingerprint"] != fingerprint:
-        raise StateMismatchError(
-            "this checkpoint was taken with a different recipe:\n"
-            + explain_difference(list(state["steps"]), list(steps))
-        )
+    check_envelope(state)  # shapes and types first: what follows compares them
 
 
 def check_setup(state: dict[str, Any], topology: dict[str, Any], seed: int, rank: int) -> None:
@@ -286,7 +293,16 @@ def saved_even_batches(state: dict[str, Any]) -> Any:
 def rank_position(state: dict[str, Any], rank: int) -> tuple[int, Any]:
     """``(epoch, node state or None)`` of ``rank`` in a checked ``state``."""
     mine = state["ranks"][str(rank)]
-    return int(mine["epoch"]), None if mine["node"] is None else json.loads(mine["node"])
+    return mine["epoch"], node_state(mine["node"], f"{rank_path(str(rank))}.node")
+
+
+def node_path(rank: int) -> str:
+    """Where ``rank``'s node states sit in a Loader state, as validation errors name it.
+
+    >>> node_path(0)
+    'ranks["0"].node'
+    """
+    return f"{rank_path(str(rank))}.node"
 
 
 def rank_graph(state: dict[str, Any], rank: int) -> str | None:
@@ -364,7 +380,8 @@ def decode_state(state: dict[str, Any]) -> dict[str, Any]:
     {'0': {'epoch': 1, 'node': {'position': 4}}}
     """
     ranks = {}
-    for rank, mine in (state.get("ranks") or {}).items():
+    saved = state.get("ranks")
+    for rank, mine in (saved if isinstance(saved, dict) else {}).items():
         if isinstance(mine, dict):
             mine = dict(mine)
             for key in ("node", "graph"):

@@ -15,7 +15,11 @@ from itertools import chain
 from typing import Any
 
 from datapipes import checkpoint
-from datapipes.checkpoint import STATE_VERSION, StateMismatchError  # noqa: F401 - re-exported
+from datapipes.checkpoint import (  # noqa: F401 - re-exported
+    STATE_VERSION,
+    InvalidStateError,
+    StateMismatchError,
+)
 from datapipes.epochs import EpochCursor, EpochRun
 from datapipes.even_batches import EvenBatchesPolicy
 from datapipes.listings import JobListings
@@ -181,7 +185,13 @@ class Loader:
         run = self._cursor.next_run()
         self._context.epoch = run.epoch
         self._stats.new_epoch(root)
-        root.reset(run.resume_from)
+        try:
+            root.reset(run.resume_from)
+        except StopIteration as error:  # a resume replaying past the data (never raw)
+            raise InvalidStateError(
+                checkpoint.node_path(self.rank), "a position within the epoch's data", "?",
+                note="resuming it ran out of items",
+            ) from error
         self._cursor.begin(run)  # only now: a position the graph refused stays pending
         return self._cursor.watch(self._run(root, run))
 
@@ -301,12 +311,35 @@ class Loader:
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration resumes the saved epoch where it stopped."""
+        """Continue from ``state``: the next iteration resumes the saved epoch where it stopped.
+
+        The state is validated first (its shape, then the recipe, topology and
+        seed, then every node's position against the data it will read): an
+        invalid one raises :class:`datapipes.InvalidStateError` naming the path
+        inside it, a foreign one :class:`datapipes.StateMismatchError`, and
+        the Loader keeps its position.
+        """
         checkpoint.check_recipe_of(state, self._fingerprint, self._steps)
         self._even.adopt(checkpoint.saved_even_batches(state))  # before it is compared
         checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
-        self._cursor.restore(*checkpoint.rank_position(state, self.rank))
+        epoch, node = checkpoint.rank_position(state, self.rank)
+        if node is not None:
+            self._validate_position(epoch, node)
+        self._cursor.restore(epoch, node)
         self._graph.load(checkpoint.rank_graph(state, self.rank))
 
     def _topology_record(self) -> dict[str, Any]:
         return checkpoint.topology_record(self.world_size, self.num_workers, self.even_batches)
+    def _validate_position(self, epoch: int, node: dict[str, Any]) -> None:
+        # Against the graph the epoch will run (built now if need be: building opens
+        # nothing), with the context at the saved epoch, as the resume will have it.
+        if self._root is None:
+            self._root = self._build()
+            self._stats.new_graph()
+        running = self._context.epoch
+        self._context.epoch = epoch
+        try:
+            self._root.validate_state(node, checkpoint.node_path(self.rank))
+        finally:
+            self._context.epoch = running
+

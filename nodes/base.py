@@ -215,6 +215,41 @@ class Node(Iterator[T]):
             return [(i, up) for i, up in enumerate(upstream) if isinstance(up, dict)]
         return []
 
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        """Refuse a ``state`` this node could not resume exactly, before ``reset`` uses it.
+
+        Raises :class:`nodes.errors.InvalidStateError` naming ``path`` (where
+        ``state`` sits in a checkpoint, e.g. ``ranks["0"].node.upstream``) and
+        what was expected. Built-in nodes check their own fields (types, ranges
+        against the data they will read, unknown keys) and then their inputs'
+        states. This default accepts the node's own part (a custom node's state
+        is opaque to it) and checks the inputs' states found by
+        :meth:`upstream_states`. Called once per load, never per item.
+        """
+        try:
+            found = type(self).upstream_states(state) if isinstance(state, dict) else []
+        except Exception:  # noqa: BLE001 - a custom layout this default cannot read
+            return
+        if not isinstance(state, dict):
+            return
+        upstream = state.get(UPSTREAM)
+        if self.inputs and UPSTREAM in state and not isinstance(upstream, dict | list):
+            from nodes.errors import InvalidStateError  # it imports this module
+
+            where = upstream_path(state, upstream, path)
+            raise InvalidStateError(where, "the input's state (a dict)", upstream)
+        if isinstance(upstream, list) and (
+            len(upstream) != len(self.inputs) or not all(isinstance(s, dict) for s in upstream)
+        ):
+            from nodes.errors import InvalidStateError
+
+            raise InvalidStateError(
+                f"{path}.{UPSTREAM}", f"a list of {len(self.inputs)} input states (dicts)", upstream
+            )
+        for index, upstream in found:
+            if isinstance(index, int) and 0 <= index < len(self.inputs):
+                self.inputs[index].validate_state(upstream, upstream_path(state, upstream, path))
+
     def reset(self, state: State | None = None) -> None:
         """Start the epoch (``None``) or continue from ``state``."""
         raise NotImplementedError
@@ -233,6 +268,26 @@ class Node(Iterator[T]):
 
     def __iter__(self) -> Iterator[T]:
         return self
+
+
+def upstream_path(state: Any, upstream: Any, path: str) -> str:
+    """The path of ``upstream`` (an input's state found in ``state``) below ``path``.
+
+    >>> up = {"position": 1}
+    >>> upstream_path({UPSTREAM: up}, up, "node"), upstream_path(up, up, "node")
+    ('node.upstream', 'node')
+    """
+    if upstream is state:
+        return path
+    if isinstance(state, dict):
+        for key, value in state.items():
+            if value is upstream:
+                return f"{path}.{key}"
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    if item is upstream:
+                        return f"{path}.{key}[{i}]"
+    return path
 
 
 def walk_graph(node: Node | None) -> Iterator[Node]:

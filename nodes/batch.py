@@ -54,6 +54,9 @@ class BatchNode(Node):
     def upstream_states(cls, state: State) -> list[tuple[int, State]]:
         return [(0, state)]  # its state is its input's
 
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        self._up.validate_state(state, path)  # its state is its input's, whatever it holds
+
 
 def unbatch_items(batch: Any) -> list[Any]:
     """Split a batch into its samples: a list, a tensor/array (by rows), or a dict of columns."""

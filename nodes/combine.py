@@ -8,9 +8,19 @@ from itertools import accumulate, chain
 from typing import Any
 
 from nodes.base import UPSTREAM, Context, Node, NotReset, State
+from nodes.errors import InvalidStateError
 from nodes.rng import UniformStream
+from nodes.state_checks import (
+    at,
+    expect_bool,
+    expect_int,
+    expect_keys,
+    expect_list,
+    expect_none,
+)
 
 STOP_RULES = ("all_exhausted", "first_exhausted")
+_GONE = object()
 
 
 def check_mix_args(count: int, weights: Sequence[float], stop: str) -> list[float]:
@@ -65,6 +75,14 @@ class ConcatNode(Node):
         current = self.inputs[index].state_dict() if index < len(self.inputs) else None
         return {"index": index, UPSTREAM: current}
 
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {"index", UPSTREAM})
+        index = expect_int(state, "index", path, 0, len(self.inputs))
+        if index == len(self.inputs):
+            expect_none(state, UPSTREAM, path, "every input is done")
+        else:
+            self.inputs[index].validate_state(state[UPSTREAM], at(path, UPSTREAM))
+
     @classmethod
     def upstream_states(cls, state: State) -> list[tuple[int, State]]:
         current = state.get(UPSTREAM)
@@ -99,6 +117,10 @@ class ZipNode(Node):
 
     def state_dict(self) -> State:
         return {UPSTREAM: [node.state_dict() for node in self.inputs]}
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {UPSTREAM})
+        _validate_inputs(self.inputs, state, path)
 
 
 class MixNode(Node):
@@ -148,7 +170,17 @@ class MixNode(Node):
         if state is not None:
             self._draws.seek(int(state["draws"]))
         self._ended = bool(state and state.get("ended"))
+        if state is not None:
+            self._check_exhausted()
         self._reweigh()
+
+    def _check_exhausted(self) -> None:
+        """A resumed input said to be exhausted must be: else its items would be lost."""
+        for index, flag in enumerate(self._exhausted):
+            if flag and next(self._sources[index], _GONE) is not _GONE:
+                raise InvalidStateError(
+                    f"exhausted[{index}]", f"false (input {index} has items left)", flag
+                )
 
     def _reweigh(self) -> None:
         self._active = [i for i, w in enumerate(self._weights) if w > 0 and not self._exhausted[i]]
@@ -174,3 +206,25 @@ class MixNode(Node):
             "ended": self._ended,
             UPSTREAM: [node.state_dict() for node in self.inputs],
         }
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {"draws", "exhausted", "ended", UPSTREAM})
+        expect_int(state, "draws", path)
+        flags = expect_list(state, "exhausted", path, len(self.inputs))
+        for i, flag in enumerate(flags):
+            if not isinstance(flag, bool):
+                raise InvalidStateError(at(at(path, "exhausted"), i), "true or false", flag)
+        ended = expect_bool(state, "ended", path)
+        # "all_exhausted" never ends early; "first_exhausted" ends at the first exhausted input.
+        should_end = self._stop_rule == "first_exhausted" and any(flags)
+        if ended != should_end:
+            what = f"{should_end} (stop={self._stop_rule!r}, exhausted={flags})"
+            raise InvalidStateError(at(path, "ended"), what, ended)
+        _validate_inputs(self.inputs, state, path)
+
+
+def _validate_inputs(inputs: Sequence[Node], state: dict[str, Any], path: str) -> None:
+    """Check one state per input under ``UPSTREAM`` (zip, mix)."""
+    states = expect_list(state, UPSTREAM, path, len(inputs))
+    for i, (node, node_state) in enumerate(zip(inputs, states)):
+        node.validate_state(node_state, at(at(path, UPSTREAM), i))

@@ -14,6 +14,7 @@ import torch
 
 from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import BadRecordError, ErrorPolicy
+from nodes.state_checks import at, expect_int, expect_keys
 
 Decoder = Callable[[bytes], Any]
 
@@ -181,3 +182,8 @@ class DecodeNode(Node):
 
     def state_dict(self) -> State:
         return {UPSTREAM: self._up.state_dict(), "skipped": self.errors.count}
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {UPSTREAM, "skipped"})
+        expect_int(state, "skipped", path)
+        self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))

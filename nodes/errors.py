@@ -24,6 +24,37 @@ class BadRecordError(ValueError):
         super().__init__(f"{url}, {where}: {reason}")
 
 
+#: ``found`` of an :class:`InvalidStateError` where the state has nothing (a missing key).
+MISSING: Any = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
+
+
+class StateMismatchError(ValueError):
+    """A checkpoint does not belong to this Loader's recipe or topology."""
+
+
+class InvalidStateError(StateMismatchError):
+    """A state is malformed or out of range: it cannot resume this graph exactly.
+
+    ``path`` is where inside the state (``ranks["0"].node.upstream.slots[3]``)
+    and ``expected`` what a valid state holds there. It is a
+    :class:`StateMismatchError`, so code that catches that catches this too.
+    """
+
+    def __init__(self, path: str, expected: str, found: Any = MISSING, *, note: str = "") -> None:
+        self.path, self.expected = path, expected
+        shown = "nothing (the key is missing)" if found is MISSING else repr(found)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        message = f"invalid state at {path or 'the top level'}: expected {expected}, found {shown}"
+        super().__init__(message + (f"; {note}" if note else "") + _HOW_TO_FIX)
+
+
+_HOW_TO_FIX = (
+    ". The checkpoint is corrupt, was edited, or belongs to another recipe or version: "
+    "resume from another checkpoint, or start the epoch afresh (set_epoch)"
+)
+
+
 def check_on_error(value: str) -> str:
     """Validate an ``on_error`` argument."""
     if value not in ON_ERROR_CHOICES:

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nodes.base import UPSTREAM, Node, State
+from nodes.errors import InvalidStateError
+from nodes.state_checks import at, expect_bool, expect_int, expect_keys
 
 
 class UnevenDataWarning(UserWarning):
@@ -28,6 +30,9 @@ class RankAgreement:
     def grant(self, have: int, yielded: int) -> int:
         """How many of the ``have`` items read ahead may be yielded after ``yielded`` items."""
         raise NotImplementedError
+
+    def check_position(self, yielded: int, ended: bool) -> None:
+        """Refuse a resumed position this agreement knows to be impossible (nothing here)."""
 
 
 class CountedAgreement(RankAgreement):
@@ -58,6 +63,13 @@ class CountedAgreement(RankAgreement):
                 "the count). Initialize torch.distributed so that ranks agree as they go."
             )
         return min(have, self.limit - yielded)
+
+    def check_position(self, yielded: int, ended: bool) -> None:
+        # The counts are known: a rank yields exactly the smallest of them per epoch.
+        if yielded > self.limit or (ended and yielded != self.limit):
+            expected = f"{self.limit} (every rank's items this epoch)"
+            bound = expected if ended else f"at most {expected}"
+            raise InvalidStateError("yielded", bound, yielded)
 
 
 class CollectiveAgreement(RankAgreement):
@@ -130,6 +142,8 @@ class EvenBatchesNode(Node):
         self._ahead.clear()
         self._granted = 0
         self._agreement.start_epoch(self._epoch())
+        if state is not None:
+            self._agreement.check_position(self._yielded, self._final)
 
     def __next__(self) -> Any:
         if not self._granted:
@@ -168,3 +182,9 @@ class EvenBatchesNode(Node):
         position = self._position if self._keep_states else self._up.state_dict()
         ended = self._final and not self._granted
         return {UPSTREAM: position, "yielded": self._yielded, "ended": ended}
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {UPSTREAM, "yielded", "ended"})
+        expect_int(state, "yielded", path)
+        expect_bool(state, "ended", path)
+        self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))

@@ -218,3 +218,9 @@ class FileListNode(Node):
     def state_dict(self) -> State:
         position = list_iterator_position(self._it, len(self._mine))
         return {"position": position, "listing": self._files.listing_state()}
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        """Refuse a position outside this consumer's files, or one taken over other files."""
+        from nodes.file_states import validate_file_list  # it imports this module
+
+        validate_file_list(self._files, self._ctx, state, path)

@@ -19,6 +19,8 @@ from time import perf_counter
 from typing import Any, NoReturn
 
 from nodes.base import UPSTREAM, Node, NotReset, State
+from nodes.errors import InvalidStateError
+from nodes.state_checks import at, expect_int, expect_ints, expect_keys
 
 METHODS = ("thread", "process")
 _END = object()
@@ -197,9 +199,8 @@ class ParallelMapNode(Node):
         self._prefix = 0  # every item numbered below this has been returned
         self._exhausted = False
         for _ in range(skip):
-            if next(self._src, _END) is _END:
-                self._exhausted = True
-                break
+            if next(self._src, _END) is _END:  # a valid state never skips past the end
+                raise InvalidStateError("skip", f"at most {self._read} (the items left)", skip)
             self._read += 1
         self._prefix = skip
         self._advance_prefix()
@@ -225,6 +226,15 @@ class ParallelMapNode(Node):
             "skip": prefix - base,
             "done": sorted(n - base for n in self._returned),
         }
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {UPSTREAM, "skip", "done"})
+        skip = expect_int(state, "skip", path)
+        # Items returned beyond the contiguous prefix: after it, each once, in order.
+        done = expect_ints(state, "done", path, skip + 1, unique=True)
+        if done != sorted(done):
+            raise InvalidStateError(at(path, "done"), "item numbers in increasing order", done)
+        self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
 
     # ----- the pool ---------------------------------------------------------------
     def _start_pool(self) -> Executor:

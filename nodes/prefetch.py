@@ -106,6 +106,9 @@ class PrefetchNode(Node):
     def upstream_states(cls, state: State) -> list[tuple[int, State]]:
         return [(0, state)]  # its state is its input's
 
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        self._up.validate_state(state, path)  # its state is its input's, whatever it holds
+
     def _stop_thread(self) -> None:
         thread = self._thread
         if thread is None:

@@ -7,6 +7,7 @@ from itertools import islice
 from typing import Any
 
 from nodes.base import UPSTREAM, Context, Node, NotReset, State
+from nodes.state_checks import at, expect_int, expect_keys
 
 
 class WholeDataContext(Context):
@@ -71,3 +72,8 @@ class ShardNode(Node):
     def state_dict(self) -> State:
         skip = self._count - 1 if self._started else self._skip
         return {UPSTREAM: self._up.state_dict(), "skip": skip}
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {UPSTREAM, "skip"})
+        expect_int(state, "skip", path, 0, self._ctx.num_consumers - 1)
+        self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))

@@ -8,7 +8,11 @@ from itertools import count
 from typing import Any
 
 from nodes.base import UPSTREAM, Context, Node, NotReset, State
+from nodes.errors import InvalidStateError
 from nodes.rng import UniformStream
+from nodes.state_checks import at, expect_bool, expect_int, expect_ints, expect_keys
+
+_GONE = object()
 
 
 class BufferShuffleNode(Node):
@@ -77,13 +81,19 @@ class BufferShuffleNode(Node):
         self._buffer = [None] * len(self._slots)
         src = iter(self._up)
         for position in range(anchor_seq, seq):
-            item = next(src)
+            item = next(src, _GONE)
+            if item is _GONE:  # the state read more than the input holds: refuse, not pad
+                raise InvalidStateError(
+                    "seq", f"at most {position} (the items its input has)", seq
+                )
             slot = slot_of.get(position)
             if slot is not None:
                 self._buffer[slot] = item
         self._anchors = deque([(anchor_seq, anchor_state)])
         self._draws.seek(int(state["draws"]))
         self._exhausted = bool(state["exhausted"])
+        if self._exhausted and next(src, _GONE) is not _GONE:  # else the rest would be lost
+            raise InvalidStateError("exhausted", f"false (the input has items after {seq})", True)
         return seq
 
     def _add_anchor(self, seq: int) -> int:
@@ -134,6 +144,27 @@ class BufferShuffleNode(Node):
 
     def __iter__(self) -> Iterator[Any]:
         return self._src
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        keys = {UPSTREAM, "anchor_seq", "seq", "slots", "draws", "exhausted"}
+        expect_keys(state, path, keys)
+        anchor = expect_int(state, "anchor_seq", path)
+        seq = expect_int(state, "seq", path, anchor)
+        exhausted = expect_bool(state, "exhausted", path)
+        # Each slot holds an item read since the anchor (by its read number), once.
+        slots = expect_ints(state, "slots", path, anchor, seq - 1, unique=True)
+        full = min(seq, self._size)
+        if len(slots) > full or (not exhausted and len(slots) != full):
+            raise InvalidStateError(
+                at(path, "slots"),
+                f"{'at most ' if exhausted else ''}{full} slots (a buffer of {self._size} "
+                f"after {seq} reads)",
+                f"{len(slots)} slots",
+            )
+        # One draw per item replaced once the buffer is full, and one per item drained.
+        drawn = max(0, seq - self._size) + (full - len(slots))
+        expect_int(state, "draws", path, drawn, drawn)
+        self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
 
     def state_dict(self) -> State:
         # anchors[0] is never newer than the oldest buffered item: anchors are

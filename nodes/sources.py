@@ -16,7 +16,9 @@ from nodes.base import (
     list_iterator_position,
     positioned_iterator,
 )
+from nodes.errors import InvalidStateError
 from nodes.rng import IndexPermutation
+from nodes.state_checks import expect_dict, expect_int, expect_keys
 
 _SHUFFLE_BLOCK = 4096
 
@@ -120,6 +122,10 @@ class SequenceNode(Node):
     def state_dict(self) -> State:
         return {"position": self.position()}
 
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {"position"})
+        expect_int(state, "position", path, 0, self._local_length())
+
 
 def is_factory(source: Any) -> bool:
     """Whether ``source`` is a zero-argument function that returns the iterable."""
@@ -194,7 +200,11 @@ class IterableNode(Node):
         self._count = 0 if state is None else int(state["count"])
         self._it = iter(obj)
         if self._count:
-            self._count = sum(1 for _ in islice(self._it, self._count))
+            wanted, self._count = self._count, sum(1 for _ in islice(self._it, self._count))
+            if self._count < wanted:  # a position the source never reached: no silent end
+                raise InvalidStateError(
+                    "count", f"at most {self._count} (the items the source has)", wanted
+                )
 
     def __next__(self) -> Any:
         item = next(self._it)
@@ -208,3 +218,18 @@ class IterableNode(Node):
         if self.stateful:
             return {"inner": self._obj.state_dict()}
         return {"count": self._count}
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        # The object's own state ("inner") is opaque; a replay count is ours.
+        expect_dict(state, path)
+        source = self._source if not self._is_factory else self._obj
+        stateful = None if source is None else hasattr(source, "load_state_dict") and hasattr(
+            source, "state_dict"
+        )
+        if stateful or (stateful is None and "inner" in state):
+            expect_keys(state, path, {"inner"})
+            return
+        expect_keys(state, path, {"count"})
+        expect_int(state, "count", path)
+        if source is not None and hasattr(source, "__len__"):
+            expect_int(state, "count", path, 0, len(source))

@@ -138,6 +138,9 @@ class StatsNode(Node):
     def upstream_states(cls, state: State) -> list[tuple[int, State]]:
         return [(0, state)]  # its state is its input's
 
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        self.inner.validate_state(state, path)  # its state is the wrapped node's
+
 
 def _inside(node: StatsNode) -> Iterator[Node]:
     """The nodes of ``node``'s own step, down to (not into) the next ``StatsNode``s."""

@@ -261,6 +261,8 @@ def check_node(
             second.close()
             report.positions_checked += 1
 
+    check_hostile_states(lambda: fresh(0), len(references[0]) // 2)
+
     reopened = fresh(0)
     reopened.reset(None)
     run(reopened, 3)
@@ -277,6 +279,98 @@ def check_node(
 
 
 _MISSING = object()
+
+#: What each top-level int field of a state is set to; the ones marked ``True`` are always
+#: wrong, the others (a huge count) may be a valid position of some nodes (draws, rounds).
+_HOSTILE_INTS: list[tuple[Any, bool]] = [
+    (-1, True),
+    ("x", True),
+    (None, True),
+    (1.5, True),
+    (True, True),
+    (10**12, False),
+]
+
+
+def check_hostile_states(make: Callable[[], Node], k: int) -> int:
+    """Check that the node ``make()`` builds refuses obviously hostile states.
+
+    The state taken after ``k`` items is mutated: each top-level int field set
+    to -1, ``"x"``, ``None``, 1.5 or ``True``, each key removed, an unknown
+    key added. :meth:`nodes.Node.validate_state` must raise
+    :class:`nodes.errors.InvalidStateError` for each (naming the field), or,
+    for a huge count (``10**12``), refuse or resume without any other error.
+    Nodes that keep the default hook (a custom node's state is opaque) are
+    only checked not to fail with another exception. Returns the cases tried.
+    """
+    from nodes.errors import InvalidStateError
+
+    node = make()
+    node.reset(None)
+    list(islice(node, k))
+    state = node.state_dict()
+    node.close()
+    if not isinstance(state, dict):
+        return 0
+    strict = _owner_of(node, state)
+    cases: list[tuple[str, Any, bool]] = []
+    for key, value in state.items():
+        if type(value) is int:
+            cases += [(f"{key}={bad!r}", {**state, key: bad}, sure) for bad, sure in _HOSTILE_INTS]
+        cases.append((f"without {key!r}", {k: v for k, v in state.items() if k != key}, True))
+    cases.append(("an unknown key", {**state, "unknown key": 1}, True))
+    for what, hostile, sure in cases:
+        checked = make()
+        try:
+            checked.validate_state(hostile, "state")
+        except InvalidStateError as error:
+            if error.path not in str(error):
+                raise AssertionError(f"{what}: the error does not name the path: {error}") from None
+            continue
+        except Exception as error:
+            raise AssertionError(
+                f"validate_state of a state with {what} raised {type(error).__name__}: {error}; "
+                "raise nodes.errors.InvalidStateError (see nodes.state_checks)"
+            ) from error
+        finally:
+            checked.close()
+        if strict and sure:
+            raise AssertionError(
+                f"{type(strict).__name__}.validate_state accepted a state with {what}: "
+                f"{hostile!r:.200}"
+            )
+        if strict:  # accepted: then the resume refuses it or works
+            _resume_a_little(make, hostile, what)
+    return len(cases)
+
+
+def _owner_of(node: Node, state: dict[str, Any]) -> Node | None:
+    """The node whose own fields ``state``'s top level holds, if it checks them (overrides
+    ``validate_state``); transparent nodes (a state that is their input's) are looked through."""
+    while node.inputs:
+        found = type(node).upstream_states(state)
+        if len(found) != 1 or found[0][1] is not state:
+            break
+        node = node.inputs[0]
+    return node if type(node).validate_state is not Node.validate_state else None
+
+
+def _resume_a_little(make: Callable[[], Node], state: dict[str, Any], what: str) -> None:
+    from nodes.errors import InvalidStateError
+
+    node = make()
+    try:
+        node.reset(state)
+        list(islice(node, 3))
+    except InvalidStateError:
+        pass
+    except Exception as error:
+        raise AssertionError(
+            f"a state with {what} passed validate_state, then the resume raised "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    finally:
+        node.close()
 
 
 def _all_same(expected: Sequence[Any], got: Sequence[Any]) -> bool:

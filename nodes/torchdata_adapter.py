@@ -43,6 +43,7 @@ ITERATOR_FINISHED = "_iterator_finished"
 NUM_WORKERS = "_num_workers"
 WORKER_ID = "worker_id"
 DATASET_STATE = "dataset_state"
+FETCHER_STATE = "fetcher_state"
 
 
 def _worker_snapshots(state: Any) -> dict[str, Any] | None:
@@ -61,7 +62,7 @@ def worker_dataset_states(state: Any) -> list[tuple[int, dict[str, Any]]]:
         worker = worker if isinstance(worker, dict) else {}
         try:
             worker_id = int(worker.get(WORKER_ID, str(name).rsplit("_", 1)[-1]))
-        except ValueError:
+        except (ValueError, TypeError):
             continue
         found.append((worker_id, worker.get(DATASET_STATE) or {}))
     return sorted(found, key=lambda pair: pair[0])
@@ -146,39 +147,79 @@ def shutdown_workers(iterator: Any) -> None:
         shutdown()
 
 
-def check_dataloader_state(state: Any, num_workers: int, path: str) -> list[tuple[int, Any, str]]:
+#: The main snapshot of a StatefulDataLoader over an IterableDataset (no sampler state).
+_MAIN_KEYS = (
+    NUM_WORKERS,
+    "_sampler_iter_state",
+    "_index_sampler_state",
+    "_sampler_iter_yielded",
+    "_IterableDataset_len_called",
+    "_shared_seed",
+    "_base_seed",
+)
+
+
+def check_dataloader_state(
+    state: Any, num_workers: int, snapshot_every: int, path: str
+) -> list[tuple[int, Any, str]]:
     """``(worker id, dataset state, its path)`` for each worker of a StatefulDataLoader state,
     after refusing (:class:`nodes.errors.InvalidStateError`, naming the path) a state that
-    is not torchdata's layout for ``num_workers`` workers: a snapshot missing or ``None``
-    for a worker, a worker id out of range, a count that is no int >= 0, an unknown key.
+    is not torchdata's layout for ``num_workers`` workers snapshotting every
+    ``snapshot_every`` items: a snapshot missing or ``None`` for a worker, a worker id out of
+    range, a count that is no int >= 0 or is past the snapshot interval, an unknown key.
     """
     from nodes.errors import InvalidStateError
     from nodes.state_checks import at, check_int, expect_bool, expect_int, expect_keys
 
     expect_keys(state, path, {SNAPSHOT, STEPS_SINCE_SNAPSHOT, ITERATOR_FINISHED})
-    expect_int(state, STEPS_SINCE_SNAPSHOT, path)
-    expect_bool(state, ITERATOR_FINISHED, path)
+    # Snapshots are taken every `snapshot_every` items: the replay after one is shorter.
+    expect_int(state, STEPS_SINCE_SNAPSHOT, path, 0, snapshot_every - 1)
+    finished = state.get(ITERATOR_FINISHED)
+    if finished is not False:  # an ended epoch is saved as {"ended": true}, without this
+        raise InvalidStateError(at(path, ITERATOR_FINISHED), "false (a running epoch)", finished)
     snapshot, where = state[SNAPSHOT], at(path, SNAPSHOT)
     keys = {SNAPSHOT_STEP, LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, WORKER_SNAPSHOTS}
     expect_keys(snapshot, where, keys)
-    expect_int(snapshot, SNAPSHOT_STEP, where)
+    step = expect_int(snapshot, SNAPSHOT_STEP, where)
+    if step % snapshot_every:
+        raise InvalidStateError(
+            at(where, SNAPSHOT_STEP), f"a multiple of {snapshot_every} (the interval)", step
+        )
     expect_int(snapshot, LAST_YIELDED_WORKER_ID, where, 0, num_workers - 1)
-    main = snapshot[MAIN_SNAPSHOT]
-    if not isinstance(main, dict):
-        raise InvalidStateError(at(where, MAIN_SNAPSHOT), "a dict (the DataLoader's own)", main)
-    expect_int(main, NUM_WORKERS, at(where, MAIN_SNAPSHOT), num_workers, num_workers)
+    main, place = snapshot[MAIN_SNAPSHOT], at(where, MAIN_SNAPSHOT)
+    expect_keys(main, place, _MAIN_KEYS)
+    expect_int(main, NUM_WORKERS, place, num_workers, num_workers)
+    expect_int(main, "_sampler_iter_yielded", place)
+    expect_int(main, "_base_seed", place, 0, 2**64 - 1)
+    for key in ("_sampler_iter_state", "_index_sampler_state"):  # an IterableDataset's: none
+        if main[key] is not None:
+            raise InvalidStateError(at(place, key), "null (no sampler)", main[key])
+    for key in ("_IterableDataset_len_called", "_shared_seed"):
+        if main[key] is not None:
+            check_int(main[key], at(place, key))
     workers, where = snapshot[WORKER_SNAPSHOTS], at(where, WORKER_SNAPSHOTS)
     names = [f"worker_{i}" for i in range(num_workers)]
     expect_keys(workers, where, names)
     found = []
     for worker_id, name in enumerate(names):
         worker, place = workers[name], at(where, name)
-        expect_keys(worker, place, {WORKER_ID, DATASET_STATE, "fetcher_state"})
+        expect_keys(worker, place, {WORKER_ID, DATASET_STATE, FETCHER_STATE})
         check_int(worker[WORKER_ID], at(place, WORKER_ID), worker_id, worker_id)
-        if not isinstance(worker["fetcher_state"], dict | None):
-            raise InvalidStateError(at(place, "fetcher_state"), "a dict", worker["fetcher_state"])
+        fetcher = worker[FETCHER_STATE]
+        expect_keys(fetcher, at(place, FETCHER_STATE), {"fetcher_ended", "dataset_iter_state"})
+        expect_bool(fetcher, "fetcher_ended", at(place, FETCHER_STATE))
+        if fetcher["dataset_iter_state"] is not None:  # the dataset keeps its own state
+            raise InvalidStateError(
+                at(at(place, FETCHER_STATE), "dataset_iter_state"), "null", fetcher
+            )
         found.append((worker_id, worker[DATASET_STATE], at(place, DATASET_STATE)))
     return found
+
+
+def fetcher_ended(state: dict[str, Any], worker_id: int) -> bool:
+    """Whether worker ``worker_id`` had run out of items in a checked StatefulDataLoader state."""
+    worker = state[SNAPSHOT][WORKER_SNAPSHOTS][f"worker_{worker_id}"]
+    return bool(worker[FETCHER_STATE]["fetcher_ended"])
 
 
 # ----- worker deaths ------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from nodes.base import (
     list_iterator_position,
     positioned_iterator,
 )
+from nodes.errors import InvalidStateError
+from nodes.state_checks import at, expect_bool, expect_int, expect_keys
 
 _END = object()
 
@@ -47,6 +49,9 @@ class _StatelessStep(Node):
     @classmethod
     def upstream_states(cls, state: State) -> list[tuple[int, State]]:
         return [(0, state)]  # its state is its input's
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        self._up.validate_state(state, path)  # its state is its input's, whatever it holds
 
 
 class MapNode(_StatelessStep):
@@ -100,6 +105,10 @@ class FlatMapNode(Node):
                 self._before, self._current = before, None
                 return
             outputs = list(fn(parent))
+            if offset and offset >= len(outputs):  # only a resumed first parent has an offset
+                raise InvalidStateError(
+                    "offset", f"an offset below {len(outputs)} (the parent's outputs)", offset
+                )
             current = positioned_iterator(outputs, offset)
             offset = 0
             self._before, self._current, self._current_len = before, current, len(outputs)
@@ -118,6 +127,12 @@ class FlatMapNode(Node):
             if offset < self._current_len:
                 return {UPSTREAM: self._before, "offset": offset}
         return {UPSTREAM: self._up.state_dict(), "offset": 0}
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        # The offset is checked against the parent's outputs when it is read again.
+        expect_keys(state, path, {UPSTREAM, "offset"})
+        expect_int(state, "offset", path)
+        self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
 
 
 class TakeNode(Node):
@@ -146,6 +161,11 @@ class TakeNode(Node):
     def state_dict(self) -> State:
         return {UPSTREAM: self._up.state_dict(), "taken": self._taken}
 
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {UPSTREAM, "taken"})
+        expect_int(state, "taken", path, 0, self._limit)
+        self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
+
 
 class RepeatNode(Node):
     """Runs its upstream ``times`` times (forever when ``None``) within one epoch.
@@ -170,6 +190,8 @@ class RepeatNode(Node):
         self._yielded = False if state is None else bool(state["yielded"])
         self._scope.tag = self._round
         self._done = self._times is not None and self._round >= self._times
+        if state is not None and not self._yielded:
+            self._check_round_start(state[UPSTREAM])
         self._up.reset(None if state is None else state[UPSTREAM])
         self._src = iter(self._up)
 
@@ -190,3 +212,19 @@ class RepeatNode(Node):
 
     def state_dict(self) -> State:
         return {"round": self._round, "yielded": self._yielded, UPSTREAM: self._up.state_dict()}
+
+    def _check_round_start(self, saved: Any) -> None:
+        # "Nothing yielded in this round" ends the repetition at the round's end, so it
+        # must mean the round has not started: else the rounds after it would be lost.
+        self._up.reset(None)
+        if self._up.state_dict() != saved:
+            raise InvalidStateError(
+                "yielded", "true (the round has started: its input is past its start)", False
+            )
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        expect_keys(state, path, {"round", "yielded", UPSTREAM})
+        last = None if self._times is None else max(self._times - 1, 0)
+        expect_int(state, "round", path, 0, last)
+        expect_bool(state, "yielded", path)
+        self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))

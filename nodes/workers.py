@@ -301,6 +301,16 @@ class WorkerStreamNode(Node):
         self._finished_epoch = None
         self._it = iter(())
 
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        """Refuse a state the workers could not resume: every worker's snapshot is checked
+        against the graph that worker builds (in this process, before any worker starts)."""
+        from nodes.worker_states import validate_workers_state
+
+        every = self._options.get("snapshot_every_n_steps", SNAPSHOT_EVERY)
+        validate_workers_state(
+            self._dataset, self._num_workers, self._epoch(), state, path, snapshot_every=every
+        )
+
     def close(self) -> None:
         if self._closed_state is None and self._loader is not None:
             self._closed_state = self._position()

@@ -69,15 +69,27 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    checks = None
     if pipe is not None:
         own = {} if loader is None else {"seed": loader.seed, "num_workers": loader.num_workers}
         checks = [check_recipe(state, pipe, **own) for _, state in found]
+    else:  # the shape only: positions need the recipe (the data they point into)
+        checks = [check_state(state) for _, state in found]
     if args.json:
         print(json.dumps(as_json(args.checkpoint, found, checks), indent=2, default=str))
     else:
         print(render(found, pipe, checks, args.recipe or ""))
-    return 1 if any(checks or []) else 0
+    return 1 if any(checks) else 0
+
+
+def check_state(state: dict[str, Any]) -> list[str]:
+    """What is wrong with the shape of ``state`` (a Loader state), without a recipe: its
+    version, fields and their types, each rank's epoch and node JSON. Empty when nothing is;
+    the node positions are checked only against a recipe (:func:`check_recipe`)."""
+    try:
+        checkpoint.check_shape(state)
+    except StateMismatchError as error:
+        return [str(error)]
+    return []
 
 
 # ----- --recipe: loading it -------------------------------------------------------------
@@ -167,6 +179,9 @@ def check_recipe(
     ``seed`` and ``num_workers`` default to the saved ones; pass a Loader's own
     to check that Loader's configuration.
     """
+    problems = check_state(state)  # shapes first: what follows reads them
+    if problems:
+        return problems
     if state.get("fingerprint") != pipe.fingerprint():
         return [
             f"the recipe's fingerprint {pipe.fingerprint()} differs from the checkpoint's "
@@ -175,7 +190,6 @@ def check_recipe(
         ]
     own = {"seed": seed, "num_workers": num_workers}
     own = {key: value for key, value in own.items() if value is not None}
-    problems = []
     for rank in sorted(state.get("ranks", {}), key=str):
         try:
             loader = Loader(pipe, rank=int(rank), **{**saved_setup(state), **own})
@@ -184,7 +198,9 @@ def check_recipe(
             continue
         try:
             loader.load_state_dict(state)
-        except StateMismatchError as error:
+            if not loader.num_workers:  # resume it for one item: what only the data can tell
+                next(iter(loader), None)
+        except Exception as error:  # noqa: BLE001 - what a resume would raise
             problems.append(f"rank {rank}: {error}")
             continue
         finally:
@@ -228,6 +244,9 @@ def _check_tree(where: str, node_state: Any, graph: RecipeGraph) -> list[str]:
                     problems.append(f"{worker}: building failed: {error}")
                     continue
                 problems += _check_tree(worker, dataset.get("node"), worker_graph)
+                problem = _check_resume(worker_graph.root, dataset.get("node"))
+                if problem:
+                    problems.append(f"{worker}: {problem}")
         elif isinstance(node := graph.node(level), FileReaderNode | FileListNode):
             problem = _check_files(node, level.state)
             if problem:
@@ -235,11 +254,26 @@ def _check_tree(where: str, node_state: Any, graph: RecipeGraph) -> list[str]:
     return problems
 
 
+def _check_resume(root: Node[Any] | None, saved: Any) -> str:
+    """What resuming a worker's graph from ``saved`` raises at its first item ("": nothing)."""
+    if root is None or saved is None:
+        return ""
+    try:
+        root.reset(saved)
+        next(iter(root), None)
+    except Exception as error:  # noqa: BLE001 - what a resume would raise
+        return str(error)
+    finally:
+        root.close()
+    return ""
+
+
 def _check_files(node: Node[Any], saved: dict[str, Any]) -> str:
     """What a resume of ``node`` from ``saved`` would raise, or where it would be elsewhere."""
     try:
         node.reset(saved)
         now = node.state_dict()
+        next(iter(node), None)  # opens the file at the cursor: what a resume finds there
     except Exception as error:  # noqa: BLE001 - what a resume would raise
         return str(error)
     finally:

@@ -8,6 +8,7 @@ processes the snapshot, the next worker and one tree per worker.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 from datapipes.checkpoint import STATE_VERSION, decode_state
@@ -156,18 +157,27 @@ def render(
 ) -> str:
     """The report on the Loader states ``found`` (and on ``checks``, one per state, if given)."""
     lines: list[str] = []
+    # Without the recipe only the shape is checked: the positions point into data it names.
+    check = f"recipe check ({recipe_name})" if pipe is not None else "state check (shape only)"
+    passed = (
+        "OK, same fingerprint and every saved rank loads"
+        if pipe is not None
+        else "OK; positions not checked against the data: pass --recipe MODULE:NAME for that"
+    )
     for index, (path, state) in enumerate(found):
         writer = Writer()
-        _render_state(writer, path, state, pipe)
+        try:
+            _render_state(writer, path, state, pipe)
+        except Exception as error:  # noqa: BLE001 - a malformed state is shown as it is
+            writer.line(1, f"! cannot be shown level by level ({type(error).__name__}: {error})")
+            writer.line(1, f"{reprlib.repr(state)}")
         if checks is not None and checks[index]:
-            writer.line(1, f"recipe check ({recipe_name}): FAILED")
+            writer.line(1, f"{check}: FAILED")
             for problem in checks[index]:
                 for text in problem.splitlines():
                     writer.line(2, text)
         elif checks is not None:
-            writer.line(
-                1, f"recipe check ({recipe_name}): OK, same fingerprint and every saved rank loads"
-            )
+            writer.line(1, f"{check}: {passed}")
         lines += ([""] if index else []) + writer.lines
     return "\n".join(lines)
 

@@ -1,0 +1,87 @@
+"""The schema of a Loader state's envelope: what :mod:`datapipes.checkpoint` checks first.
+
+Shapes and types come before any comparison with the Loader (recipe,
+topology, seed), so a corrupt state is refused as what it is, with the path
+inside the state (``ranks["0"].epoch``) and what belongs there, rather than
+as a raw ``KeyError`` or a confusing mismatch (a seed ``"0"`` is not ``0``).
+
+>>> check_envelope({"version": 4, "fingerprint": "f", "steps": [], "seed": "0",
+...                 "topology": {}, "ranks": {}})
+Traceback (most recent call last):
+...
+nodes.errors.InvalidStateError: invalid state at seed: expected an int ...
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nodes.errors import InvalidStateError
+from nodes.state_checks import check_int, expect_bool, expect_int, expect_keys, is_int
+
+_KEYS = ("version", "fingerprint", "steps", "seed", "topology", "ranks")
+_TOPOLOGY = ("world_size", "num_workers", "even_batches")
+
+
+def rank_path(rank: Any) -> str:
+    """The path of a rank's entry: ``ranks["0"]``."""
+    shown = json.dumps(rank) if isinstance(rank, str) else repr(rank)
+    return f"ranks[{shown}]"
+
+
+def check_envelope(state: dict[str, Any]) -> None:
+    """Refuse (:class:`nodes.errors.InvalidStateError`) a Loader state (of this version)
+    whose envelope has a missing, unknown or mistyped field; node states are parsed, not
+    checked against a graph (that needs the recipe: ``Loader.load_state_dict``)."""
+    expect_keys(state, "", _KEYS)
+    fingerprint = state["fingerprint"]
+    if not isinstance(fingerprint, str):
+        raise InvalidStateError("fingerprint", "the recipe's fingerprint (a string)", fingerprint)
+    steps = state["steps"]
+    if not isinstance(steps, list) or not all(isinstance(step, str) for step in steps):
+        raise InvalidStateError("steps", "a list of strings (the recipe's steps)", steps)
+    if not is_int(state["seed"]):
+        raise InvalidStateError("seed", "an int (the Loader's seed)", state["seed"])
+    topology = state["topology"]
+    expect_keys(topology, "topology", _TOPOLOGY)
+    world_size = expect_int(topology, "world_size", "topology", 1)
+    expect_int(topology, "num_workers", "topology", 0)
+    expect_bool(topology, "even_batches", "topology")
+    ranks = state["ranks"]
+    if not isinstance(ranks, dict) or not ranks:
+        raise InvalidStateError("ranks", "a dict of ranks' positions, one at least", ranks)
+    for rank, mine in ranks.items():
+        check_rank(rank, mine, world_size)
+
+
+def check_rank(rank: Any, mine: Any, world_size: int) -> None:
+    """Refuse a rank's entry of ``ranks`` that is not ``{"epoch", "node", "graph"}`` as made."""
+    path = rank_path(rank)
+    if not isinstance(rank, str) or not rank.isdigit() or str(int(rank)) != rank:
+        raise InvalidStateError(path, 'a rank written as a string ("0")', rank)
+    check_int(int(rank), path, 0, world_size - 1)
+    expect_keys(mine, path, {"epoch", "node"}, optional={"graph"})
+    expect_int(mine, "epoch", path)
+    node_state(mine["node"], f"{path}.node")
+    graph = mine.get("graph")
+    if graph is not None and not isinstance(graph, str):
+        raise InvalidStateError(f"{path}.graph", "null or the graph record's JSON text", graph)
+
+
+def node_state(text: Any, path: str) -> dict[str, Any] | None:
+    """The node state a rank's ``"node"`` JSON text holds: a dict, or ``None`` (an epoch's
+    start); anything else is refused."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise InvalidStateError(path, "null or the node states' JSON text", text)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        note = f"it does not parse: {reason}"
+        raise InvalidStateError(path, "JSON text", text, note=note) from None
+    if value is not None and not isinstance(value, dict):
+        raise InvalidStateError(path, "JSON text of a dict (the node states) or null", value)
+    return value

@@ -1,0 +1,47 @@
+"""Validation of a workers' node state: torchdata's layout, then each worker's dataset state.
+
+Each worker's state is checked against the graph that worker would build
+(its own context), in the main process, before any worker starts; building
+opens nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodes import torchdata_adapter as torchdata
+from nodes.errors import MISSING, InvalidStateError
+from nodes.state_checks import at, expect_bool, expect_keys
+
+
+def validate_workers_state(
+    dataset: Any, num_workers: int, epoch: int, state: Any, path: str, *, snapshot_every: int
+) -> None:
+    """Refuse a :class:`nodes.WorkerStreamNode` state its workers could not resume exactly.
+
+    ``dataset`` (a :class:`datapipes.TorchDataset`) checks each worker's part.
+    """
+    expect_keys(state, path, {"ended"}, optional={"dataloader"})
+    if expect_bool(state, "ended", path):
+        expect_keys(state, path, {"ended"})  # an ended epoch holds nothing more
+        return
+    expect_keys(state, path, {"ended", "dataloader"})
+    where = at(path, "dataloader")
+    checked = torchdata.check_dataloader_state(
+        state["dataloader"], num_workers, snapshot_every, where
+    )
+    step = torchdata.snapshot_summary(state["dataloader"])["snapshot_step"]
+    for worker_id, dataset_state, place in checked:
+        # Workers take turns from worker 0: by the snapshot, one asked for an item has a
+        # position; one without would start its share again (its items repeated).
+        if step > worker_id and isinstance(dataset_state, dict) and dataset_state.get(
+            "node", MISSING
+        ) is None:
+            raise InvalidStateError(
+                at(place, "node"),
+                f"worker {worker_id}'s position (it had been asked for items by the snapshot "
+                f"at item {step})",
+                None,
+            )
+        ended = torchdata.fetcher_ended(state["dataloader"], worker_id)
+        dataset.validate_state(dataset_state, worker_id, num_workers, epoch, place, ended=ended)
