@@ -7,9 +7,11 @@
    then buffer shuffle -> batch -> prefetch.
 3. Runs the uninterrupted reference: epochs 0, 1 and 2.
 4. Runs again, stops in the middle of epoch 1, and saves the Loader state
-   with ``torch.save``.
+   with ``dp.save_checkpoint`` (``torch.save`` through a temporary file and an
+   atomic rename, so a crash during the save keeps the previous checkpoint).
 5. Starts a *new Python process* that rebuilds the recipe, loads the file
-   with ``torch.load(weights_only=True)`` and finishes epoch 1 and epoch 2.
+   with ``dp.load_checkpoint`` (``torch.load(weights_only=True)``) and finishes
+   epoch 1 and epoch 2.
 6. Checks that interrupted + resumed equals the reference, batch for batch.
 """
 
@@ -24,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 import datapipes as dp
 
@@ -108,7 +109,7 @@ def batch_ids(batch: dict[str, Any]) -> list[int]:
 def resume_phase(folder: str, checkpoint: str, out: str, workers: int) -> None:
     """Runs in a fresh process: load the checkpoint and finish epochs 1 and 2."""
     loader = dp.Loader(build_pipe(folder), seed=SEED, num_workers=workers)
-    loader.load_state_dict(torch.load(checkpoint, weights_only=True))
+    loader.load_state_dict(dp.load_checkpoint(checkpoint))
     rest_of_epoch_1 = [batch_ids(b) for b in loader]
     epoch_2 = [batch_ids(b) for b in loader]
     loader.close()
@@ -143,7 +144,7 @@ def run_demo(workdir: str | None = None, stop_after: int = 37, workers: int = 2)
                 if len(seen) == stop_after:
                     break
             checkpoint = folder / "loader.pt"
-            torch.save(loader.state_dict(), checkpoint)
+            dp.save_checkpoint(loader.state_dict(), checkpoint)  # atomic: never half-written
         size = checkpoint.stat().st_size
         print(f"interrupted epoch 1 after {stop_after} batches; saved {checkpoint} ({size} bytes)")
 

@@ -183,8 +183,10 @@ assert list(dp.Loader(dp.range(10).shuffle(), seed=42)) == epoch_0  # reproducib
 # ## Checkpoint mid-epoch, resume exactly
 #
 # `loader.state_dict()` is plain data: save it next to the model with
-# `torch.save`, load it with `torch.load(weights_only=True)`, and a fresh
-# Loader continues right after the last batch you received, even with a
+# `torch.save` (to a file: `dp.save_checkpoint`, which a crash during the save
+# cannot leave half-written), load it with `torch.load(weights_only=True)`
+# (`dp.load_checkpoint`), and a fresh Loader continues right after the last
+# batch you received, even with a
 # `.prefetch(2)` step computing two batches ahead on a background thread
 # (tutorial 7). Tutorial 5 covers checkpoints in depth.
 

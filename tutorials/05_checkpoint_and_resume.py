@@ -8,11 +8,12 @@
 # uninterrupted run would have, in the same order, none lost, none repeated.
 #
 # This tutorial trains a tiny model on JSONL shards, stops it mid-epoch, saves
-# `{"model", "optimizer", "data"}` in one `torch.save` file, resumes **in a new
-# Python process**, and checks that the batches and the final weights equal
-# the uninterrupted run's, bit for bit. Then it opens the data state, shows
-# what protects you from loading it into the wrong recipe, and does the same
-# with worker processes and with `torch.distributed.checkpoint`.
+# `{"model", "optimizer", "data"}` in one file with `dp.save_checkpoint`,
+# resumes **in a new Python process**, and checks that the batches and the
+# final weights equal the uninterrupted run's, bit for bit. Then it opens the
+# data state, shows what protects you from loading it into the wrong recipe,
+# and does the same with worker processes and with
+# `torch.distributed.checkpoint`.
 # Run `python tutorials/05_checkpoint_and_resume.py`; it asserts what it shows.
 
 # %%
@@ -116,7 +117,7 @@ def train(model, optimizer, loader, stop_after=None, checkpoint=None) -> list:
             history.append((loader.epoch, batch["id"].tolist()))
             if len(history) == stop_after:  # preempted: save and stop
                 if checkpoint is not None:
-                    torch.save(
+                    dp.save_checkpoint(
                         {
                             "model": model.state_dict(),
                             "optimizer": optimizer.state_dict(),
@@ -147,7 +148,9 @@ print("final weights:", model.weight.detach().numpy().round(3), model.bias.item(
 #
 # Same recipe, same seed, stopped 10 batches into epoch 1. The checkpoint
 # holds the model's and the optimizer's `state_dict()` and the Loader's, side
-# by side in one file next to the model.
+# by side in one file next to the model. `train` saves it with
+# `dp.save_checkpoint(obj, path)` rather than `torch.save(obj, path)`: see the
+# next cell for why.
 
 # %%
 STOP = per_epoch[0] + 10
@@ -160,12 +163,41 @@ print(f"stopped after {len(head)} batches, in epoch {head[-1][0]}; saved {checkp
 assert head == reference[:STOP]
 
 # %% [markdown]
+# ### Why `dp.save_checkpoint`
+#
+# `torch.save(obj, path)` empties `path` first and then writes it, so a job
+# killed during the save (preempted, out of memory, out of time) is left with
+# neither the old checkpoint nor the new one. `dp.save_checkpoint` writes a
+# temporary file next to `path`, fsyncs it and renames it over `path` in one
+# step: `path` always holds a complete checkpoint. Below, a save that fails
+# halfway (a value that cannot be pickled, standing in for the kill) destroys
+# a plain `torch.save` checkpoint and leaves a `dp.save_checkpoint` one whole.
+# (The test suite kills real training processes with SIGKILL during saves.)
+
+# %%
+survived = {}
+for name, save in (("torch.save", torch.save), ("dp.save_checkpoint", dp.save_checkpoint)):
+    target = folder / f"last-good-{name}.pt"
+    save({"step": 1}, target)  # the last good checkpoint
+    try:
+        save({"step": 2, "broken": lambda: None}, target)  # fails halfway through the save
+    except Exception:  # the failure is the point here
+        pass
+    try:
+        survived[name] = dp.load_checkpoint(target)
+        print(f"after a failed {name}: step {survived[name]['step']}")
+    except RuntimeError as error:
+        print(f"after a failed {name}: {str(error).split(' (')[0]}")
+assert survived == {"dp.save_checkpoint": {"step": 1}}  # torch.save lost the last good one
+
+# %% [markdown]
 # ## Resume in a new process
 #
 # The restarted script knows nothing of the old one: it builds a fresh model,
 # optimizer and Loader over the same recipe, loads the file with
-# `torch.load(weights_only=True)` (the data state is plain data, so the safe
-# loader accepts it) and calls `load_state_dict` on each. `resume` below is
+# `dp.load_checkpoint`, which is `torch.load(weights_only=True)` (the data
+# state is plain data, so the safe loader accepts it) with a clear error for a
+# file cut short, and calls `load_state_dict` on each. `resume` below is
 # that code; the Loader's next iteration continues epoch 1 right after the
 # last batch the old run trained on.
 #
@@ -177,7 +209,7 @@ assert head == reference[:STOP]
 
 # %%
 def resume(folder: str, checkpoint: str, num_workers: int = 0) -> tuple[list, torch.nn.Module]:
-    state = torch.load(checkpoint, weights_only=True)
+    state = dp.load_checkpoint(checkpoint)
     model, optimizer = make_model()
     loader = dp.Loader(make_recipe(folder), seed=SEED, num_workers=num_workers)
     model.load_state_dict(state["model"])

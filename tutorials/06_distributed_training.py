@@ -353,7 +353,8 @@ def check_mesh(ranks: list[dict[str, Any]], dataset: list[int]) -> None:
 # ## 4. A mid-epoch checkpoint on every rank
 #
 # Every rank saves its own `loader.state_dict()` (plain data, here one
-# `torch.save` file per rank next to where the model would go); a fresh
+# file per rank next to where the model would go, saved with
+# `dp.save_checkpoint` so a crash mid-save keeps the previous one); a fresh
 # Loader, as after a restart (here in the same job, to keep it short), loads
 # it and continues right after the last batch the loop received. All ranks
 # stop at the same step, so after the resume their even_batches agreement
@@ -375,12 +376,12 @@ def checkpoint_and_resume(folder: Path, trained: dict[str, Any], stop: int = 2) 
         for batch in loader:
             first.append(ids(batch))  # ... a training step ...
             if len(first) == stop:
-                torch.save({"data": loader.state_dict()}, path)  # and the model, optimizer
+                dp.save_checkpoint({"data": loader.state_dict()}, path)  # + model, optimizer
                 break
         loader.close()
 
         resumed = dp.Loader(train_recipe(folder), seed=SEED)  # a fresh Loader, as after a crash
-        resumed.load_state_dict(torch.load(path, weights_only=True)["data"])
+        resumed.load_state_dict(dp.load_checkpoint(path)["data"])
         rest = [ids(batch) for batch in resumed]  # the rest of epoch 0
         after = [ids(batch) for batch in resumed]  # epoch 1
         resumed.close()

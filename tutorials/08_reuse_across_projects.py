@@ -315,13 +315,13 @@ reference = [b.tolist() for b in dp.Loader(train_pipe(), seed=0, num_workers=2)]
 loader = dp.Loader(train_pipe(), seed=0, num_workers=2)
 it = iter(loader)
 head = [next(it).tolist() for _ in range(5)]
-torch.save({"data": loader.state_dict()}, workdir / "ckpt.pt")
+dp.save_checkpoint({"data": loader.state_dict()}, workdir / "ckpt.pt")
 loader.close()
 
 other_project = (
     "import sys\nimport torch\nimport datapipes as dp\nfrom acme_data import train_pipe\n\n"
     "loader = dp.Loader(train_pipe(), seed=0, num_workers=2)\n"
-    'loader.load_state_dict(torch.load(sys.argv[1], weights_only=True)["data"])\n'
+    'loader.load_state_dict(dp.load_checkpoint(sys.argv[1])["data"])\n'
     "torch.save([batch.tolist() for batch in loader], sys.argv[2])\n"
 )
 (workdir / "train.py").write_text(other_project)
