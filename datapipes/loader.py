@@ -28,7 +28,7 @@ from datapipes.pipe import DataPipe
 from datapipes.progress import ProgressBar, progress_bar_class
 from datapipes.stats import PipelineStats
 from datapipes.topology import resolve_topology
-from datapipes.workers import runtime_recipe, worker_skip_counts
+from datapipes.workers import runtime_recipe, worker_loss_counts, worker_skip_counts
 from nodes import Context, Node
 
 _DATALOADER_OPTIONS = frozenset(
@@ -256,10 +256,13 @@ class Loader:
         return self._stats.report(self._root, self._cursor.last)
 
     def skipped(self) -> dict[str, int]:
-        """Bad records skipped so far in this epoch, per step with ``on_error="skip"``.
+        """Skips so far in this epoch, per step with ``on_error="skip"``.
 
-        Keys are the steps (as in the recipe's ``repr``); counts survive a
-        checkpoint and resume, and start again at 0 with each epoch.
+        A skip is a bad record, or a file (or the rest of one) that could not
+        be read: each counts one here, whatever the file held; :meth:`losses`
+        says what the lost files and ranges held. Keys are the steps (as in
+        the recipe's ``repr``); counts survive a checkpoint and resume, and
+        start again at 0 with each epoch.
 
         >>> import datapipes as dp
         >>> loader = dp.Loader(dp.from_sequence([{"cls": b"1"}, {"cls": b"x"}])
@@ -269,6 +272,25 @@ class Loader:
         ([{'cls': 1}], {"dp.from_sequence(<list of 2>).decode(on_error='skip')": 1})
         """
         return worker_skip_counts(self._root)
+
+    def losses(self) -> dict[str, dict[str, int]]:
+        """What the skips of this epoch lost, per step with ``on_error="skip"``.
+
+        ``{"records": n, "files": n, "ranges": n, "bytes": n}``: ``records``
+        the bad records plus the records a lost file or range is known to
+        have held (the rows of a ``.npy``, from its header), a lower bound
+        where ``files`` or ``ranges`` is not 0; ``files`` the files that could
+        not be read at all (missing, failing after retries); ``ranges`` the
+        files lost from an offset to their end (truncated, damaged, corrupt
+        compressed data); ``bytes`` the stored bytes of those files and ranges
+        that were not read, where known. Survives a checkpoint and resume.
+
+        >>> import datapipes as dp, warnings; warnings.simplefilter("ignore")
+        >>> loader = dp.Loader(dp.files(["missing.jsonl"]).read_jsonl(on_error="skip"))
+        >>> list(loader), loader.skipped(), loader.losses()  # doctest: +ELLIPSIS
+        ([], {...: 1}, {...: {'records': 0, 'files': 1, 'ranges': 0, 'bytes': 0}})
+        """
+        return worker_loss_counts(self._root)
 
     def close(self) -> None:
         """Stop background threads and release resources; the Loader can be iterated again.
@@ -328,8 +350,6 @@ class Loader:
         self._cursor.restore(epoch, node)
         self._graph.load(checkpoint.rank_graph(state, self.rank))
 
-    def _topology_record(self) -> dict[str, Any]:
-        return checkpoint.topology_record(self.world_size, self.num_workers, self.even_batches)
     def _validate_position(self, epoch: int, node: dict[str, Any]) -> None:
         # Against the graph the epoch will run (built now if need be: building opens
         # nothing), with the context at the saved epoch, as the resume will have it.
@@ -343,3 +363,5 @@ class Loader:
         finally:
             self._context.epoch = running
 
+    def _topology_record(self) -> dict[str, Any]:
+        return checkpoint.topology_record(self.world_size, self.num_workers, self.even_batches)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from nodes.errors import add_losses
 
 
 @dataclass
@@ -24,6 +26,8 @@ class StepStats:
     self_seconds: float
     wait_seconds: float
     skipped: int
+    #: What the skips lost: records, files, ranges, bytes (see ``Loader.losses()``).
+    lost: dict[str, int] = field(default_factory=dict)
 
     @property
     def us_per_item(self) -> float:
@@ -80,6 +84,9 @@ class PipelineStats:
             )
             for step in self.steps
         ]
+        if any(_loss_text(step.lost) for step in self.steps):  # only then: the column is wide
+            header += ("lost",)
+            rows = [(*row, _loss_text(step.lost)) for row, step in zip(rows, self.steps)]
         lines = _aligned([header, *rows])
         slowest = self.slowest()
         if slowest is not None:
@@ -97,6 +104,17 @@ class PipelineStats:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _loss_text(lost: dict[str, int]) -> str:
+    """What lost files and ranges held, for the table ("" when nothing beyond bad records)."""
+    if not (lost.get("files") or lost.get("ranges")):
+        return ""
+    parts = [f"{lost['files']:,} files"] if lost["files"] else []
+    if lost["ranges"]:
+        parts.append(f"{lost['ranges']:,} rests of files")
+    parts.append(f"{lost['bytes']:,} bytes known" if lost["bytes"] else "bytes unknown")
+    return ", ".join(parts) + f", >= {lost['records']:,} records"
 
 
 def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -119,10 +137,19 @@ def merge_rows(
         for row in rows or ():
             key = row["key"]
             into = merged.setdefault(
-                key, {**row, "items": 0, "self_seconds": 0.0, "wait_seconds": 0.0, "skipped": 0}
+                key,
+                {
+                    **row,
+                    "items": 0,
+                    "self_seconds": 0.0,
+                    "wait_seconds": 0.0,
+                    "skipped": 0,
+                    "lost": {},
+                },
             )
-            for field in ("items", "self_seconds", "wait_seconds", "skipped"):
-                into[field] += row[field]
+            for name in ("items", "self_seconds", "wait_seconds", "skipped"):
+                into[name] += row[name]
+            add_losses(into["lost"], row.get("lost", {}))
             if key not in seen:
                 processes[key] = processes.get(key, 0) + 1
                 seen.add(key)
@@ -135,6 +162,7 @@ def merge_rows(
             self_seconds=row["self_seconds"] / processes[key],
             wait_seconds=row["wait_seconds"] / processes[key],
             skipped=row["skipped"],
+            lost=row["lost"],
         )
         for key, row in merged.items()
     ]

@@ -10,10 +10,19 @@ import torch.utils.data
 from datapipes.placement import check_no_main_steps, check_replay_order
 from datapipes.topology import Topology
 from nodes import Context, Node
-from nodes.errors import skip_counts
+from nodes.errors import (
+    InvalidStateError,
+    check_losses,
+    loss_counts,
+    lost_files_and_ranges,
+    skip_counts,
+)
 from nodes.handover import inline_small_tensors
 from nodes.stats import graph_stats
 from nodes.worker_errors import carry
+
+#: What ``next`` returns from a graph that has no item left.
+_END = object()
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
@@ -151,15 +160,19 @@ class TorchDataset(torch.utils.data.IterableDataset):
         if self._root is None:  # a pass that has not read its first item starts here
             start = self._start or {}
             node, skipped, rows = start.get("node"), start.get("skipped", {}), []
+            losses = start.get("losses", {})
         else:
             node, skipped = self._root.state_dict(), skip_counts(self._root)
             rows = graph_stats(self._root) if self.stats else []
+            losses = lost_files_and_ranges(loss_counts(self._root))
         state = {
             "epoch": ctx.epoch,
             "consumer": [ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers],
             "node": node,
             "skipped": skipped,
         }
+        if losses:  # what lost files and ranges held, for Loader.losses() in the main process
+            state["losses"] = losses
         if self.stats:  # how per-step statistics reach a Loader's main process
             state["stats"] = rows
         return state
@@ -178,6 +191,60 @@ class TorchDataset(torch.utils.data.IterableDataset):
                 f"{saved[3]}, but it is loaded into rank {ours[0]} of {ours[1]}, worker "
                 f"{ours[2]} of {ours[3]}; resume with the same world size and num_workers"
             )
+
+    def validate_state(
+        self,
+        state: Any,
+        worker_id: int,
+        num_workers: int,
+        epoch: int,
+        path: str,
+        *,
+        ended: bool = False,
+    ) -> None:
+        """Refuse (:class:`nodes.errors.InvalidStateError`) a state of worker ``worker_id``
+        that it could not resume: checked against the graph that worker builds, here.
+        ``ended``: the worker had run out, which its graph, resumed, must confirm."""
+        from nodes.state_checks import expect_equal, expect_int, expect_keys
+
+        expect_keys(
+            state, path, {"epoch", "consumer", "node", "skipped"}, optional={"stats", "losses"}
+        )
+        expect_int(state, "epoch", path, epoch, epoch)
+        ours = [self.topology.rank, self.topology.world_size, worker_id, num_workers]
+        expect_equal(state, "consumer", path, ours, "this worker's rank, world size, id, count")
+        skipped = state["skipped"]
+        if not isinstance(skipped, dict) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in skipped.values()
+        ):
+            raise InvalidStateError(f"{path}.skipped", "a dict of counts >= 0 by step", skipped)
+        check_losses(state.get("losses", {}), f"{path}.losses")
+        if state["node"] is None and not ended:
+            return
+        ctx = Context(
+            rank=self.topology.rank,
+            world_size=self.topology.world_size,
+            worker_id=worker_id,
+            num_workers=num_workers,
+            epoch=epoch,
+            seed=self.seed,
+            stats=self.stats,
+        )
+        ctx.listings = self.listings
+        root = self.pipe.build(ctx)
+        try:
+            if state["node"] is not None:
+                root.validate_state(state["node"], f"{path}.node")
+            if ended:  # else the worker's remaining items would be lost
+                root.reset(state["node"])
+                if next(iter(root), _END) is not _END:
+                    raise InvalidStateError(
+                        path.removesuffix(".dataset_state") + ".fetcher_state.fetcher_ended",
+                        "false (this worker has items left)",
+                        True,
+                    )
+        finally:
+            root.close()
 
     def __repr__(self) -> str:
         rank, world = self.topology.rank, self.topology.world_size

@@ -15,7 +15,7 @@ from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from nodes import Context, Node
 from nodes.base import walk_graph
-from nodes.errors import skip_counts
+from nodes.errors import add_losses, loss_counts, skip_counts
 from nodes.workers import WorkerStreamNode
 
 
@@ -103,6 +103,18 @@ def worker_states(root: Node[Any] | None) -> list[dict[str, Any]]:
         if isinstance(node, WorkerStreamNode)
         for state in node.worker_states()
     ]
+
+
+def worker_loss_counts(root: Node[Any] | None) -> dict[str, dict[str, int]]:
+    """What the skips lost per step, in this process's graph and in the worker processes."""
+    counts = loss_counts(root)
+    for state in worker_states(root):
+        lost = state.get("losses", {})
+        for step, skipped in state.get("skipped", {}).items():
+            # A step without lost files or ranges lost its bad records only.
+            losses = lost.get(step) or {"records": skipped, "files": 0, "ranges": 0, "bytes": 0}
+            add_losses(counts.setdefault(step, {}), losses)
+    return counts
 
 
 def worker_skip_counts(root: Node[Any] | None) -> dict[str, int]:

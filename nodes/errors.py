@@ -76,27 +76,145 @@ class ErrorPolicy:
     def __init__(self, on_error: str, step: str) -> None:
         self.skip = check_on_error(on_error) == "skip"
         self.step = step
-        self.count = 0
+        self.count = 0  # skips: bad records, and lost files and rests of files (one each)
+        # What lost files and ranges held, apart from the bad records (see losses()).
+        self.files = 0  # files lost whole (missing, unreadable from their start)
+        self.ranges = 0  # files lost from an offset to their end (truncated, damaged)
+        self.bytes = 0  # bytes of those files and ranges, where their size is known
+        self.rows = 0  # records known to be in them (rows of a .npy, from its header)
         self.examples: list[str] = []
 
     def handle(self, error: Exception) -> None:
-        """Raise ``error`` (a bad record, a missing file), or count it and warn about the first."""
+        """Raise ``error`` (a bad record), or count it and warn about the first skip."""
         if not self.skip:
             raise error
+        self._skipped(error, "a bad record")
+
+    def lose(
+        self,
+        error: Exception,
+        *,
+        whole_file: bool,
+        records: int | None = None,
+        nbytes: int | None = None,
+    ) -> None:
+        """Raise ``error``, or count the loss of a whole file or of the rest of one.
+
+        ``records`` and ``nbytes`` are what the lost part held, where the
+        format knows it (``None``: unknown); the loss counts one skip, and its
+        file, range, records and bytes in :meth:`losses`.
+        """
+        if not self.skip:
+            raise error
+        self.files += whole_file
+        self.ranges += not whole_file
+        self.rows += records or 0
+        self.bytes += nbytes or 0
+        held = [f"{records:,} records" if records is not None else "records: unknown"]
+        held.append(f"{nbytes:,} bytes" if nbytes is not None else "bytes: unknown")
+        what = "the whole file" if whole_file else "the rest of the file"
+        self._skipped(error, f"{what} ({', '.join(held)})")
+
+    def _skipped(self, error: Exception, what: str) -> None:
         self.count += 1
         if len(self.examples) < self.MAX_EXAMPLES:
             self.examples.append(str(error))
         if self.count == 1:
             warnings.warn(
-                f"{self.step}: skipping a bad record ({error}); further skips are counted "
-                "silently, see Loader.skipped()",
+                f"{self.step}: skipping {what} ({error}); further skips are counted "
+                "silently, see Loader.skipped() and Loader.losses()",
                 BadRecordWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
+
+    def losses(self) -> dict[str, int]:
+        """What the skips lost: records (a lower bound), files, ranges and bytes (where known).
+
+        ``records`` counts the bad records and the records a lost file or range
+        was known to hold; a lost file or range whose records cannot be counted
+        (text, tar) adds to ``files`` or ``ranges`` only.
+        """
+        return {
+            "records": self.count - self.files - self.ranges + self.rows,
+            "files": self.files,
+            "ranges": self.ranges,
+            "bytes": self.bytes,
+        }
+
+    def tally(self) -> tuple[int, int, int, int, int]:
+        """All counters, to restore with :meth:`restore` (a reader's resume point keeps one)."""
+        return self.count, self.files, self.ranges, self.bytes, self.rows
+
+    def restore(self, tally: tuple[int, int, int, int, int]) -> None:
+        """Set the counters to a :meth:`tally`."""
+        self.count, self.files, self.ranges, self.bytes, self.rows = tally
+
+    @staticmethod
+    def lost_state(tally: tuple[int, int, int, int, int]) -> list[int] | None:
+        """The losses of a tally as state (``[files, ranges, bytes, rows]``); None: no loss."""
+        lost = list(tally[1:])
+        return lost if lost[0] or lost[1] else None
+
+    def load_state(self, skipped: Any, lost: Any, path: str = "state") -> None:
+        """Restore the counters from state (``skipped`` and the optional ``lost``), checked."""
+        if type(skipped) is not int or skipped < 0:
+            raise InvalidStateError(f"{path}.skipped", "a count of skips >= 0", skipped)
+        values = [skipped, *([0, 0, 0, 0] if lost is None else lost)]
+        if (
+            not isinstance(lost, (list, type(None)))
+            or len(values) != 5
+            or not all(type(v) is int and v >= 0 for v in values)
+            or values[1] + values[2] > skipped
+        ):
+            raise InvalidStateError(
+                f"{path}.lost",
+                "[files, ranges, bytes, rows] of integers >= 0, with files + ranges at most "
+                f"the skip count ({skipped}), or no such key",
+                lost,
+            )
+        self.restore((values[0], values[1], values[2], values[3], values[4]))
 
 
 class BadRecordWarning(UserWarning):
     """The first bad record a step skipped under ``on_error="skip"``."""
+
+
+def loss_counts(root: Any) -> dict[str, dict[str, int]]:
+    """What the skips of each step of a built graph lost (see :meth:`ErrorPolicy.losses`)."""
+    counts: dict[str, dict[str, int]] = {}
+    for node in walk_graph(root):
+        policy = node.errors
+        if isinstance(policy, ErrorPolicy) and policy.skip:
+            add_losses(counts.setdefault(policy.step, {}), policy.losses())
+    return counts
+
+
+def lost_files_and_ranges(losses: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """The steps that lost files or ranges (the others' losses are their skip counts)."""
+    return {step: lost for step, lost in losses.items() if lost["files"] or lost["ranges"]}
+
+
+LOSS_KEYS = ("records", "files", "ranges", "bytes")
+
+
+def check_losses(losses: Any, path: str) -> None:
+    """Refuse losses by step that are not ``{step: {records, files, ranges, bytes}}`` counts."""
+    if not isinstance(losses, dict) or not all(
+        isinstance(lost, dict)
+        and sorted(lost) == sorted(LOSS_KEYS)
+        and all(type(n) is int and n >= 0 for n in lost.values())
+        for lost in losses.values()
+    ):
+        raise InvalidStateError(
+            path, "a dict by step of {'records', 'files', 'ranges', 'bytes'} counts >= 0", losses
+        )
+
+
+def add_losses(into: dict[str, int], losses: dict[str, int]) -> dict[str, int]:
+    """Add one step's losses to another's (steps of several processes or nodes)."""
+    for name, value in losses.items():
+        into[name] = into.get(name, 0) + value
+    return into
 
 
 def skip_counts(root: Any) -> dict[str, int]:

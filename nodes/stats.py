@@ -19,7 +19,7 @@ from time import perf_counter
 from typing import Any
 
 from nodes.base import Node, NotReset, State, walk_graph
-from nodes.errors import ErrorPolicy
+from nodes.errors import ErrorPolicy, add_losses
 
 #: After the first ``TIME_ALL_FIRST`` items of a pass, one item in ``SAMPLE_EVERY``
 #: (on average) is timed and the others pass through C iterators (counted by
@@ -158,7 +158,8 @@ def graph_stats(root: Node | None) -> list[dict[str, Any]]:
 
     ``seconds`` is the time spent in the step's ``next()`` including its
     inputs; ``self_seconds`` the step's own part; ``wait_seconds`` the time it
-    waited on its input; ``skipped`` the bad records it skipped.
+    waited on its input; ``skipped`` its skips and ``lost`` what they lost
+    (see :meth:`nodes.errors.ErrorPolicy.losses`).
     """
     rows = []
     for node in walk_graph(root):
@@ -170,9 +171,11 @@ def graph_stats(root: Node | None) -> list[dict[str, Any]]:
             wait = node.seconds  # its input works elsewhere; here it only waits for it
         else:
             wait = min(node.seconds, sum(n.seconds for n in inputs))
-        skipped = sum(
-            n.errors.count for n in mine if isinstance(n.errors, ErrorPolicy)
-        )
+        policies = [n.errors for n in mine if isinstance(n.errors, ErrorPolicy)]
+        skipped = sum(policy.count for policy in policies)
+        lost: dict[str, int] = {}
+        for policy in policies:
+            add_losses(lost, policy.losses())
         rows.append(
             {
                 "key": node.key,
@@ -182,6 +185,7 @@ def graph_stats(root: Node | None) -> list[dict[str, Any]]:
                 "self_seconds": node.seconds - wait,
                 "wait_seconds": wait,
                 "skipped": skipped,
+                "lost": lost,
             }
         )
     rows.reverse()

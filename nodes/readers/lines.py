@@ -14,6 +14,7 @@ consumer decompresses it and keeps every ``parts``-th block.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -35,6 +36,9 @@ except ImportError:  # pragma: no cover - the stdlib decodes the same records
     _orjson_loads = None
 
 _UNBOUNDED = float("inf")
+
+#: The UTF-8 byte order mark some editors write at the start of a text file.
+_BOM = b"\xef\xbb\xbf"
 
 #: What decoding a bad record raises; RecursionError: JSON nested deeper than Python's stack.
 _BAD_TEXT = (ValueError, UnicodeDecodeError, csv.Error, RecursionError)
@@ -62,6 +66,8 @@ class LineFormat(RecordFormat):
             raise ValueError(f"block_size must be a positive number of bytes, got {block_size}")
         self.encoding = encoding
         self.block_size = block_size
+        # A UTF-8 byte order mark at a file's start is dropped (only at byte 0 of the file).
+        self.strips_bom = codecs.lookup(encoding).name in ("utf-8", "utf-8-sig")
 
     # ----- hooks for the formats built on lines ---------------------------------
     def prepare(self, source: SourceFile) -> tuple[int, int, Any]:
@@ -136,6 +142,10 @@ class LineFormat(RecordFormat):
         interleaved = parts > 1 and not by_range
         with source.open(offset) as f:
             leftover = b""
+            if offset == 0 and self.strips_bom:  # a UTF-8 byte order mark is no record
+                leftover = read_full(f, len(_BOM))
+                if leftover == _BOM:
+                    leftover, offset = b"", len(_BOM)
             while True:
                 chunk, leftover, last = self._next_chunk(f, leftover, offset, end)
                 lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
@@ -172,19 +182,36 @@ class LineFormat(RecordFormat):
         self, f: Any, leftover: bytes, offset: int, end: float
     ) -> tuple[bytes, bytes, bool]:
         """The block at ``offset``: ``block_size`` bytes cut after the last whole record."""
-        data = leftover + read_full(f, self.block_size - len(leftover))
+        need = self.block_size - len(leftover)  # the BOM check may have read past a tiny block
+        data = leftover + read_full(f, need) if need > 0 else leftover
         at_eof = len(data) < self.block_size
         cut = len(data) if at_eof else self.block_end(data)
-        while cut == 0 and not at_eof:  # one record longer than a block: read on to its end
-            more = read_full(f, self.block_size)
-            data += more
-            at_eof = len(more) < self.block_size
-            cut = len(data) if at_eof else self.block_end(data)
+        if cut == 0 and not at_eof:
+            data, cut, at_eof = self._read_long_record(f, data)
         chunk, leftover = data[:cut], data[cut:]
         if offset + len(chunk) >= end:  # keep only the records that start before `end`
-            stop = self.record_end(chunk, int(end - offset) - 1)
+            stop = self.record_end(chunk, max(0, int(end - offset) - 1))
             return (chunk[:stop] if stop else chunk), b"", True
         return chunk, leftover, at_eof and not leftover
+
+    def _read_long_record(self, f: Any, data: bytes) -> tuple[bytes, int, bool]:
+        """``(data, cut, at_eof)`` once a record longer than ``data`` ends (or the file does).
+
+        Only the bytes just read are searched for a line break (every record
+        ends at one), and the pieces are joined once: a line of n bytes costs
+        O(n), where joining and searching the whole buffer per read cost O(n^2).
+        """
+        pieces = [data]
+        while True:
+            more = read_full(f, self.block_size)
+            pieces.append(more)
+            at_eof = len(more) < self.block_size
+            if at_eof or b"\n" in more:
+                data = b"".join(pieces)
+                cut = len(data) if at_eof else self.block_end(data)
+                if cut or at_eof:
+                    return data, cut, at_eof
+                pieces = [data]  # a quoted CSV line break: the record goes on
 
     def _decode(
         self, chunk: bytes, offset: int, line: int, meta: Any, url: str, errors: ErrorPolicy
@@ -342,8 +369,9 @@ class CsvFormat(LineFormat):
                 if end or not more:
                     break
         head = data[: end or len(data)]
+        text = head.removeprefix(_BOM) if self.strips_bom else head
         header = next(
-            csv.reader(io.StringIO(head.decode(self.encoding), newline=""), **self.fmtparams), None
+            csv.reader(io.StringIO(text.decode(self.encoding), newline=""), **self.fmtparams), None
         )
         if header is None:
             return len(head), 0, []

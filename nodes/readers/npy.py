@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npformat
 
-from nodes.errors import BadRecordError, ErrorPolicy
+from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.readers.reader import Cursor, RecordFormat
 from nodes.storage import SourceFile, read_full
 
@@ -91,6 +91,35 @@ class _Member:
         return rows, error
 
 
+class _Progress:
+    """How far a part of a file was read, to count what its loss held (rows, bytes)."""
+
+    def __init__(self) -> None:
+        self.start = self.row = 0
+        self.end: int | None = None  # None until the header was read
+        self.members: list[_Member] = []
+
+    def lost(self, source: SourceFile, is_npz: bool, counting: bool) -> dict[str, Any]:
+        """``lose()``'s arguments for the rest of the part: its rows, and its bytes if known."""
+        if self.end is None:
+            return {"whole_file": True}
+        nbytes = None
+        if counting and not is_npz and source.compression is None and self.members:
+            member = self.members[0]
+            try:
+                size = source.size()
+            except OSError:
+                size = None
+            if size is not None:
+                stop = min(size, member.data_offset + self.end * member.row_bytes)
+                nbytes = max(0, stop - member.data_offset - self.row * member.row_bytes)
+        return {
+            "whole_file": self.row == self.start,
+            "records": self.end - self.row,
+            "nbytes": nbytes,
+        }
+
+
 class NpyFormat(RecordFormat):
     """Rows of ``.npy`` arrays (or ``.npz`` archives); ``rows=False``: one record per file."""
 
@@ -105,6 +134,7 @@ class NpyFormat(RecordFormat):
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
     ) -> Iterator[tuple[list[Any], Cursor]]:
         is_npz = source.name.endswith(".npz")
+        at = _Progress()
         try:
             with ExitStack() as stack:
                 f = stack.enter_context(source.open(0))
@@ -112,9 +142,16 @@ class NpyFormat(RecordFormat):
                     yield [self._whole(f, is_npz, source.url)], None
                     return
                 members = self._members(f, is_npz, source, stack)
-                yield from self._row_blocks(members, part, parts, cursor)
+                yield from self._row_blocks(members, part, parts, cursor, at)
         except BadRecordError as error:  # the rest of the file is unreadable: raise or count
-            errors.handle(error)
+            if not self.rows:  # the file was one record
+                errors.lose(error, whole_file=True, records=1)
+            else:
+                errors.lose(error, **at.lost(source, is_npz, errors.skip))
+        except OSError as error:
+            if at.end is None:
+                raise  # nothing known of the file: the reader reports it
+            errors.lose(error, **at.lost(source, is_npz, errors.skip))
 
     def _whole(self, f: Any, is_npz: bool, url: str) -> Any:
         try:
@@ -159,14 +196,21 @@ class NpyFormat(RecordFormat):
             raise BadRecordError(url, "archive", f"not a .npz archive: {error}") from None
 
     def _row_blocks(
-        self, members: list[_Member], part: int, parts: int, cursor: Cursor
+        self, members: list[_Member], part: int, parts: int, cursor: Cursor, at: _Progress
     ) -> Iterator[tuple[list[Any], Cursor]]:
         """Blocks of rows of this part; a truncated file yields its whole rows, then raises."""
         if not members:
             return
         rows = members[0].shape[0]
         end = (part + 1) * rows // parts
-        row = part * rows // parts if cursor is None else int(cursor)
+        at.start = part * rows // parts  # a loss from here is the whole part's
+        row = at.start if cursor is None else int(cursor)
+        at.row = row
+        at.end, at.members = end, members
+        if cursor is not None and not part * rows // parts <= row < end:  # a resume only
+            raise InvalidStateError(
+                "cursor", f"a row in [{part * rows // parts}, {end}) of {members[0].url}", row
+            )
         per_block = max(1, self.block_bytes // max(1, sum(m.row_bytes for m in members)))
         names = [m.name for m in members]
         while row < end:
@@ -178,6 +222,7 @@ class NpyFormat(RecordFormat):
             else:
                 records = [dict(zip(names, values)) for values in zip(*arrays)]
             row += count
+            at.row = row
             failure = next((error for _, error in read if error is not None), None)
             if failure is not None:
                 yield records, row  # resuming here meets the same error

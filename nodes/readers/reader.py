@@ -8,11 +8,12 @@ from itertools import chain
 from typing import Any
 
 from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
-from nodes.errors import BadRecordError, ErrorPolicy
+from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.files import FileSet, Unit, plan_units
 from nodes.storage import SourceFile
 
 Cursor = Any  # plain data (int, list of ints, dict) marking the start of a block
+Tally = tuple[int, int, int, int, int]  # ErrorPolicy.tally(): skips, files, ranges, bytes, rows
 
 
 class RecordFormat:
@@ -45,11 +46,16 @@ class FileReaderNode(Node):
     per-record cost is that of the format's decoding. State: ``unit`` (the
     index in this consumer's plan, with its ``file`` index in the listing and
     its ``part``), the ``cursor`` of the current block, the ``index`` of the
-    next record in it, the number of bad records ``skipped`` so far, and the
-    ``listing`` (file count and digest) that the positions refer to.
+    next record in it, the number of skips so far (``skipped``: bad records,
+    and lost files and rests of files, one each), after a lost file or range
+    what the losses held (``lost``: ``[files, ranges, bytes, rows]``, see
+    :meth:`ErrorPolicy.losses`), and the ``listing`` (file count and digest)
+    that the positions refer to.
     Resume opens the file at the cursor (a byte offset, a row, a tar header)
     and re-reads at most one block; the cost does not grow with the position,
-    except for compressed files, which are decompressed from their start.
+    except for compressed files, which are decompressed from their start, and
+    tar archives, whose headers before the cursor are walked again (to know
+    the keys seen, and to check the cursor): about 30 us a member locally.
     """
 
     kind = "reader"
@@ -81,8 +87,11 @@ class FileReaderNode(Node):
         unit = 0 if state is None else int(state["unit"])
         cursor = None if state is None else state["cursor"]
         index = 0 if state is None else int(state["index"])
-        self.errors.count = 0 if state is None else int(state["skipped"])
-        self._at = _Place(unit, cursor, index, self.errors.count)
+        if state is None:
+            self.errors.restore((0, 0, 0, 0, 0))
+        else:
+            self.errors.load_state(state["skipped"], state.get("lost"), "reader state")
+        self._at = _Place(unit, cursor, index, self.errors.tally())
         self._gen = self._blocks(unit, cursor, index)
         self._it = chain.from_iterable(self._gen)
 
@@ -91,17 +100,24 @@ class FileReaderNode(Node):
             unit: Unit = self._units[u]
             source = self._files.source(unit.file)
             blocks = self._format.blocks(source, unit.part, unit.parts, cursor, self.errors)
+            read_any = cursor is not None  # a resume starts past the unit's start
             while True:
-                skipped_before = self.errors.count
+                skipped_before = self.errors.tally()
                 try:
                     records, after = next(blocks)
                 except StopIteration:
                     break
                 except (OSError, BadRecordError) as error:
                     # Missing, unreadable, failing after retries, or corrupt compressed data:
-                    # the rest of this file cannot be read; raise, or count it and go on.
-                    self.errors.handle(error)
+                    # the rest of this file cannot be read; raise, or count the loss and go on.
+                    self._lose(error, read_any)
                     break
+                read_any = True
+                if index and index >= len(records):  # only a resumed first block has an index
+                    raise InvalidStateError(
+                        "index", f"an index below {len(records)} (the records of the block at "
+                        f"cursor {cursor} of {source.url})", index
+                    )
                 it = positioned_iterator(records, index)
                 self._at = _Place(u, cursor, index, skipped_before, it, len(records), after)
                 index = 0
@@ -110,8 +126,16 @@ class FileReaderNode(Node):
                 if after is None:
                     break
             # Past this unit: skips counted while finishing it must not be counted again.
-            self._at = _Place(u + 1, None, 0, self.errors.count)
+            self._at = _Place(u + 1, None, 0, self.errors.tally())
             cursor, index = None, 0
+
+    def _lose(self, error: Exception, read_any: bool) -> None:
+        """Raise, or count the loss of a file (nothing of it read) or of the rest of one.
+
+        What it held is unknown here (the storage failed, not the format): no
+        size query is made of a file that just failed, whose server may be down.
+        """
+        self.errors.lose(error, whole_file=not read_any)
 
     def __next__(self) -> Any:
         return next(self._it)
@@ -120,19 +144,29 @@ class FileReaderNode(Node):
         return self._it
 
     def state_dict(self) -> State:
-        unit, cursor, index, skipped = self._at.resume_point(self.errors.count)
+        unit, cursor, index, tally = self._at.resume_point(self.errors.tally())
         # "file" and "part" say which data the position is in (for reading and for a
         # future resume on another topology); "unit" indexes this consumer's plan.
         where = self._units[unit] if unit < len(self._units) else None
-        return {
+        state = {
             "unit": unit,
             "file": None if where is None else where.file,
             "part": None if where is None else [where.part, where.parts],
             "cursor": cursor,
             "index": index,
-            "skipped": skipped,
+            "skipped": tally[0],
             "listing": self._files.listing_state(),
         }
+        lost = ErrorPolicy.lost_state(tally)
+        if lost is not None:  # only after a lost file or range: other states stay as they were
+            state["lost"] = lost
+        return state
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        """Refuse a state whose unit, file, cursor or counts this reader could not resume."""
+        from nodes.file_states import validate_reader  # it imports the formats, which import us
+
+        validate_reader(self._files, self._format, self._ctx, state, path)
 
     def close(self) -> None:
         if self._gen is not None:
@@ -147,13 +181,13 @@ class _Place:
     unit: int
     cursor: Cursor  # where the block starts
     index: int  # records of the block returned before it was (re)entered
-    skipped_before: int  # bad records counted before the block was read
+    skipped_before: Tally  # the skip counters before the block was read
     records: Iterator[Any] | None = None  # the block's records, shared with the consumer
     length: int = 0
     after: Cursor = None  # where the next block starts; None: the unit ends with this one
 
-    def resume_point(self, skipped_now: int) -> tuple[int, Cursor, int, int]:
-        """``(unit, cursor, index, skipped)`` from which a reset continues exactly."""
+    def resume_point(self, skipped_now: Tally) -> tuple[int, Cursor, int, Tally]:
+        """``(unit, cursor, index, skip counters)`` from which a reset continues exactly."""
         if self.records is None:
             return self.unit, self.cursor, self.index, self.skipped_before
         index = list_iterator_position(self.records, self.length)

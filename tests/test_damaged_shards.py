@@ -1,0 +1,517 @@
+"""Damaged shards, honest loss counts, a byte order mark and very long lines.
+
+A damaged tar archive (cut at a member boundary, a zeroed header, a bad
+checksum) is never read as complete: the rest of the file is a
+``BadRecordError`` naming the URL and offset, or under ``on_error="skip"`` a
+counted loss. ``Loader.skipped()`` counts one skip per lost file or range
+(as before); ``Loader.losses()`` says what they held: records where the
+format knows (rows of a ``.npy``), files, ranges and the bytes not read.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import warnings
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import datapipes as dp
+from nodes.errors import InvalidStateError
+
+# ----- helpers ----------------------------------------------------------------------------------
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]], **options: Any) -> list[Any]:
+    """A tar written by Python's tarfile; returns its members (with offsets)."""
+    with tarfile.open(path, "w", **options) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+            else:
+                info.size = len(data)
+            tar.addfile(info, None if data is None else io.BytesIO(data))
+    with tarfile.open(path) as tar:
+        return tar.getmembers()
+
+
+def samples(n: int, prefix: str = "s") -> list[tuple[str, bytes]]:
+    """``n`` samples of two fields each; the .txt spans two 512-byte blocks."""
+    members = []
+    for j in range(n):
+        members.append((f"{prefix}{j:03d}.txt", bytes([65 + j % 26]) * (600 + j)))
+        members.append((f"{prefix}{j:03d}.cls", str(j).encode()))
+    return members
+
+
+def expected(members: list[tuple[str, bytes]], url: str) -> list[dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, data in members:
+        if data is None:
+            continue
+        key, field = name.rsplit("/", 1)[-1].split(".", 1)
+        key = name[: len(name) - len(field) - 1]
+        out.setdefault(key, {"__key__": key, "__url__": url})[field] = data
+    return list(out.values())
+
+
+def run(pipe: dp.DataPipe[Any]) -> tuple[list[Any], dp.Loader, list[str]]:
+    """One epoch: items, the Loader, and the BadRecordWarning messages."""
+    loader = dp.Loader(pipe)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        items = list(loader)
+    return items, loader, [str(w.message) for w in caught if w.category is dp.BadRecordWarning]
+
+
+def error_of(pipe: dp.DataPipe[Any]) -> tuple[list[Any], BaseException]:
+    got: list[Any] = []
+    with pytest.raises(dp.BadRecordError) as caught:
+        for item in dp.Loader(pipe):
+            got.append(item)
+    return got, caught.value
+
+
+def losses(records: int = 0, files: int = 0, ranges: int = 0, nbytes: int = 0) -> dict[str, int]:
+    return {"records": records, "files": files, "ranges": ranges, "bytes": nbytes}
+
+
+def assert_resumes_exactly(pipe: dp.DataPipe[Any], plain: Any = lambda item: item) -> None:
+    """From every position, a resumed Loader gives the rest, the skips and the losses."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = dp.Loader(pipe)
+        items = [plain(item) for item in reference]
+        final = (reference.skipped(), reference.losses())
+        for stop in range(len(items) + 1):
+            first = dp.Loader(pipe)
+            it = iter(first)
+            assert [plain(item) for item in islice(it, stop)] == items[:stop]
+            state = json.loads(json.dumps(first.state_dict()))
+            fresh = dp.Loader(pipe)
+            fresh.load_state_dict(state)
+            assert [plain(item) for item in fresh] == items[stop:], stop
+            assert (fresh.skipped(), fresh.losses()) == final, stop
+
+
+# ----- tar integrity ----------------------------------------------------------------------------
+
+
+def _cut_at_member(tmp_path: Path) -> tuple[Path, int, int]:
+    """A tar cut before s003's header; s002, whose end cannot be told, is lost with the rest."""
+    full = tmp_path / "full.tar"
+    members = write_tar(full, samples(6))
+    cut = members[6].offset  # the header of s003.txt: a clean member boundary, no end marker
+    path = tmp_path / "cut.tar"
+    path.write_bytes(full.read_bytes()[:cut])
+    return path, cut, members[4].offset
+
+
+def test_a_tar_cut_at_a_member_boundary_is_an_error(tmp_path: Path):
+    path, cut, _ = _cut_at_member(tmp_path)
+    got, error = error_of(dp.files(str(path)).read_tar())
+    assert got == expected(samples(6), str(path))[:2]
+    message = str(error)
+    assert str(path) in message and f"byte offset {cut}" in message, message
+    assert "end-of-archive marker" in message
+
+
+def test_a_tar_cut_at_a_member_boundary_is_a_counted_loss(tmp_path: Path):
+    path, cut, s002 = _cut_at_member(tmp_path)
+    pipe = dp.files(str(path)).read_tar(on_error="skip")
+    items, loader, warned = run(pipe)
+    assert items == expected(samples(6), str(path))[:2]
+    assert loader.skipped() == {repr(pipe): 1}
+    # Lost: s002's bytes (read, but its end is unknown); what followed them is unknown.
+    assert loader.losses() == {repr(pipe): losses(ranges=1, nbytes=cut - s002)}
+    assert len(warned) == 1
+    assert f"the rest of the file (records: unknown, {cut - s002:,} bytes)" in warned[0]
+
+
+def test_a_lone_zero_block_at_the_end_is_a_truncated_marker(tmp_path: Path):
+    full = tmp_path / "full.tar"
+    members = write_tar(full, samples(2))
+    end = members[-1].offset_data + 512  # the last member's one data block
+    path = tmp_path / "lone.tar"
+    path.write_bytes(full.read_bytes()[: end + 512])  # one zero block of the two
+    got, error = error_of(dp.files(str(path)).read_tar())
+    assert got == expected(samples(2), str(path))[:1]
+    assert "ends inside the end-of-archive marker" in str(error)
+
+
+def _zeroed_header(tmp_path: Path) -> tuple[Path, int]:
+    """s003.txt's header zeroed: s000 and s001 are read; lost from s002 (its end unknown) on."""
+    full = tmp_path / "full.tar"
+    members = write_tar(full, samples(6))
+    victim = members[6].offset  # the header of s003.txt
+    data = bytearray(full.read_bytes())
+    data[victim : victim + 512] = bytes(512)
+    path = tmp_path / "zeroed.tar"
+    path.write_bytes(bytes(data))
+    return path, members[4].offset
+
+
+def test_a_zeroed_header_is_an_error_naming_url_and_offset(tmp_path: Path):
+    path, s002 = _zeroed_header(tmp_path)
+    victim = s002 + 3 * 512  # s002.txt (header, 2 data blocks), s002.cls's header
+    victim += 2 * 512  # s002.cls's data block
+    got, error = error_of(dp.files(str(path)).read_tar())
+    assert got == expected(samples(6), str(path))[:2]
+    assert str(path) in str(error) and f"header at byte offset {victim}" in str(error)
+    assert "zero block where a member header should be" in str(error)
+
+
+def test_a_zeroed_header_is_a_counted_loss_of_the_rest(tmp_path: Path):
+    path, victim = _zeroed_header(tmp_path)
+    other = tmp_path / "zz-good.tar"
+    write_tar(other, samples(2, "g"))
+    pipe = dp.files([str(path), str(other)]).read_tar(on_error="skip")
+    items, loader, warned = run(pipe)
+    assert items == expected(samples(6), str(path))[:2] + expected(samples(2, "g"), str(other))
+    lost_bytes = path.stat().st_size - victim
+    assert loader.skipped() == {repr(pipe): 1}
+    assert loader.losses() == {repr(pipe): losses(ranges=1, nbytes=lost_bytes)}
+    assert f"{lost_bytes:,} bytes" in warned[0]
+
+
+def test_a_bad_checksum_is_a_counted_loss_of_the_rest(tmp_path: Path):
+    full = tmp_path / "full.tar"
+    members = write_tar(full, samples(5))
+    data = bytearray(full.read_bytes())
+    data[members[4].offset + 20] ^= 0x55  # s002.txt's name: the checksum fails
+    path = tmp_path / "checksum.tar"
+    path.write_bytes(bytes(data))
+    got, error = error_of(dp.files(str(path)).read_tar())
+    assert got == expected(samples(5), str(path))[:1]  # s001 went with it: its end is unknown
+    assert f"byte offset {members[4].offset}" in str(error) and "checksum" in str(error)
+    pipe = dp.files(str(path)).read_tar(on_error="skip")
+    items, loader, _ = run(pipe)
+    assert items == got
+    assert loader.losses() == {
+        repr(pipe): losses(ranges=1, nbytes=len(data) - members[2].offset)
+    }
+
+
+def test_a_tar_that_is_no_tar_loses_the_whole_file(tmp_path: Path):
+    path = tmp_path / "junk.tar"
+    path.write_bytes(b"not a tar archive at all" * 100)
+    pipe = dp.files(str(path)).read_tar(on_error="skip")
+    items, loader, _ = run(pipe)
+    assert items == []
+    assert loader.losses() == {repr(pipe): losses(files=1, nbytes=path.stat().st_size)}
+
+
+@pytest.mark.parametrize(
+    "name", ["../../evil.txt", "/etc/evil.txt", "a/../../evil.txt", "C:/evil.txt"]
+)
+def test_unsafe_member_names_are_refused(tmp_path: Path, name: str):
+    members = samples(2) + [(name, b"owned"), ("z.cls", b"9")]
+    path = tmp_path / "unsafe.tar"
+    write_tar(path, members)
+    got, error = error_of(dp.files(str(path)).read_tar())
+    assert got == expected(samples(2), str(path))
+    assert repr(name) in str(error) and "'..'" in str(error)
+    pipe = dp.files(str(path)).read_tar(on_error="skip")
+    items, loader, _ = run(pipe)
+    assert items == expected(samples(2), str(path)) + [
+        {"__key__": "z", "__url__": str(path), "cls": b"9"}
+    ]
+    assert all(".." not in s["__key__"] and not s["__key__"].startswith("/") for s in items)
+    assert loader.skipped() == {repr(pipe): 1}
+    assert loader.losses() == {repr(pipe): losses(records=1)}
+
+
+def _repeated_key(tmp_path: Path) -> tuple[Path, list[tuple[str, bytes]]]:
+    members = [
+        ("a.txt", b"a1"),
+        ("b.txt", b"b1"),
+        ("a.cls", b"again"),  # key "a" again, after "b"
+        ("c.txt", b"c1"),
+    ]
+    path = tmp_path / "repeated.tar"
+    write_tar(path, members)
+    return path, members
+
+
+def test_a_repeated_non_adjacent_key_is_an_error(tmp_path: Path):
+    path, _ = _repeated_key(tmp_path)
+    got, error = error_of(dp.files(str(path)).read_tar())
+    assert [s["__key__"] for s in got] == ["a", "b"]
+    assert "'a.cls'" in str(error) and "appeared before" in str(error)
+
+
+def test_a_repeated_non_adjacent_key_is_skipped_and_resume_stays_exact(tmp_path: Path):
+    path, _ = _repeated_key(tmp_path)
+    pipe = dp.files(str(path)).read_tar(on_error="skip")
+    items, loader, _ = run(pipe)
+    assert [s["__key__"] for s in items] == ["a", "b", "c"]  # never two samples keyed "a"
+    assert loader.skipped() == {repr(pipe): 1}
+    assert loader.losses() == {repr(pipe): losses(records=1)}
+    assert_resumes_exactly(pipe)  # a resume after "b" still knows that "a" was seen
+
+
+def test_resume_across_a_skipped_damage_is_exact(tmp_path: Path):
+    path, _ = _zeroed_header(tmp_path)
+    other = tmp_path / "zz-good.tar"
+    write_tar(other, samples(3, "g"))
+    pipe = dp.files([str(path), str(other)]).read_tar(on_error="skip")
+    assert_resumes_exactly(pipe)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_tarfile_archives_with_long_names_and_directories_read_exactly(tmp_path: Path, fmt):
+    deep = "d" * 60 + "/" + "e" * 70
+    members: list[tuple[str, Any]] = [("top", None), (deep, None)]
+    for j in range(5):
+        members += [(f"{deep}/sample-{j:02d}-" + "x" * 40 + ".txt", f"text {j}".encode())]
+        members += [(f"{deep}/sample-{j:02d}-" + "x" * 40 + ".cls", str(j).encode())]
+        members += [(f"top/s{j}.json", b"{}")]
+    path = tmp_path / "long.tar"
+    write_tar(path, members, format=fmt)
+    pipe = dp.files(str(path)).read_tar()
+    items = list(dp.Loader(pipe))
+    assert items == expected(members, str(path))
+    assert_resumes_exactly(pipe)
+    # Split among two consumers, the samples are dealt without loss or repeat.
+    parts = [dp.Loader(pipe, rank=r, world_size=2) for r in range(2)]
+    got = [s for loader in parts for s in loader]
+    assert sorted(got, key=lambda s: s["__key__"]) == sorted(items, key=lambda s: s["__key__"])
+
+
+def test_a_moved_tar_cursor_is_an_invalid_state(tmp_path: Path):
+    path = tmp_path / "good.tar"
+    write_tar(path, samples(100))
+    pipe = dp.files(str(path)).read_tar()
+    loader = dp.Loader(pipe)
+    it = iter(loader)
+    list(islice(it, 70))  # into the second block of 64 samples
+    state = loader.state_dict()
+    node = json.loads(state["ranks"]["0"]["node"])  # the node states, as one JSON string
+    offset, number = node["cursor"]
+    node["cursor"] = [offset + 512, number]  # not where a sample starts
+    state["ranks"]["0"]["node"] = json.dumps(node)
+    fresh = dp.Loader(pipe)
+    with pytest.raises(dp.StateMismatchError, match="cursor"):
+        fresh.load_state_dict(state)
+        list(fresh)
+
+
+# ----- what losses hold, and that they survive a resume ------------------------------------
+
+
+def _truncated_npy(tmp_path: Path) -> tuple[Path, np.ndarray, int]:
+    array = np.arange(100 * 4, dtype=np.float32).reshape(100, 4)
+    full = tmp_path / "full.npy"
+    np.save(full, array)
+    data = full.read_bytes()
+    header = len(data) - array.nbytes
+    cut = header + 30 * 16 + 5  # 30 whole rows and 5 bytes of the next
+    path = tmp_path / "cut.npy"
+    path.write_bytes(data[:cut])
+    return path, array, 5
+
+
+def test_a_lost_npy_range_counts_its_rows(tmp_path: Path):
+    path, array, partial = _truncated_npy(tmp_path)
+    pipe = dp.files(str(path)).read_npy(on_error="skip")
+    items, loader, warned = run(pipe)
+    assert np.array_equal(np.stack(items), array[:30])
+    assert loader.skipped() == {repr(pipe): 1}
+    assert loader.losses() == {repr(pipe): losses(records=70, ranges=1, nbytes=partial)}
+    assert "the rest of the file (70 records, 5 bytes)" in warned[0]
+
+
+def test_a_missing_file_counts_a_lost_file(tmp_path: Path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"a": 1}\n')
+    pipe = dp.files([str(tmp_path / "missing.jsonl"), str(good)]).read_jsonl(on_error="skip")
+    items, loader, warned = run(pipe)
+    assert items == [{"a": 1}]
+    assert loader.skipped() == {repr(pipe): 1}
+    assert loader.losses() == {repr(pipe): losses(files=1)}
+    assert "skipping the whole file (records: unknown, bytes: unknown)" in warned[0]
+
+
+def test_bad_records_count_as_records(tmp_path: Path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
+    pipe = dp.files(str(path)).read_jsonl(on_error="skip")
+    items, loader, warned = run(pipe)
+    assert items == [{"a": 1}, {"a": 3}]
+    assert loader.losses() == {repr(pipe): losses(records=1)}
+    assert "skipping a bad record" in warned[0]
+
+
+def test_losses_survive_a_checkpoint_and_are_in_the_stats(tmp_path: Path):
+    npy, _, partial = _truncated_npy(tmp_path)
+    tar, victim = _zeroed_header(tmp_path)
+    npy2, tar2 = tmp_path / "cut2.npy", tmp_path / "zeroed2.tar"
+    npy2.write_bytes(npy.read_bytes())
+    tar2.write_bytes(tar.read_bytes())
+    pipe = dp.files([str(npy), str(npy2)]).read_npy(on_error="skip")
+    assert_resumes_exactly(pipe, np.ndarray.tolist)
+    tar_pipe = dp.files([str(tar), str(tar2)]).read_tar(on_error="skip")
+    assert_resumes_exactly(tar_pipe)
+    loader = dp.Loader(tar_pipe, stats=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        list(loader)
+    lost = 2 * (tar.stat().st_size - victim)
+    (step,) = loader.stats().steps[-1:]
+    assert step.lost == losses(ranges=2, nbytes=lost)
+    assert f"2 rests of files, {lost:,} bytes known" in str(loader.stats())
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [[1, 0, 0], [-1, 0, 0, 0], [1, 1, 0, 0], "1", [1.5, 0, 0, 0], [True, 0, 0, 0]],
+)
+def test_corrupt_loss_counts_in_a_state_are_refused(tmp_path: Path, lost: Any):
+    path, _ = _zeroed_header(tmp_path)
+    other = tmp_path / "zz-good.tar"
+    write_tar(other, samples(2, "g"))
+    pipe = dp.files([str(path), str(other)]).read_tar(on_error="skip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = dp.Loader(pipe)
+        list(islice(iter(loader), 3))  # into the good file, past the loss
+    state = loader.state_dict()
+    node = json.loads(state["ranks"]["0"]["node"])
+    assert node["skipped"] == 1 and node["lost"][:2] == [0, 1]
+    node["lost"] = lost
+    state["ranks"]["0"]["node"] = json.dumps(node)
+    fresh = dp.Loader(pipe)
+    with pytest.raises(InvalidStateError, match="lost"):
+        fresh.load_state_dict(state)
+        list(fresh)
+
+
+@pytest.mark.slow
+def test_losses_in_workers_reach_the_main_process(tmp_path: Path):
+    paths, nbytes = [], 0
+    for j in range(2):
+        folder = tmp_path / f"d{j}"
+        folder.mkdir()
+        path, victim = _zeroed_header(folder)
+        paths.append(path)
+        nbytes += path.stat().st_size - victim
+    pipe = dp.files([str(p) for p in paths]).read_tar(on_error="skip")
+    loader = dp.Loader(pipe, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        items = list(loader)
+    assert len(items) == 4  # s000 and s001 of each file
+    assert loader.skipped() == {repr(pipe): 2}
+    assert loader.losses() == {repr(pipe): losses(ranges=2, nbytes=nbytes)}
+
+
+# ----- a byte order mark, and a very long line ----------------------------------------------
+
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize("bom", [True, False])
+def test_a_bom_starts_no_record(tmp_path: Path, bom: bool):
+    lead = BOM if bom else b""
+    (tmp_path / "a.jsonl").write_bytes(lead + b'{"a": 1}\n{"a": 2}\n')
+    (tmp_path / "a.csv").write_bytes(lead + b"id,name\n1,x\n2,y\n")
+    (tmp_path / "a.txt").write_bytes(lead + b"first\nsecond\n")
+    files = dp.files
+    assert list(dp.Loader(files(str(tmp_path / "a.jsonl")).read_jsonl())) == [{"a": 1}, {"a": 2}]
+    assert list(dp.Loader(files(str(tmp_path / "a.csv")).read_csv())) == [
+        {"id": "1", "name": "x"},
+        {"id": "2", "name": "y"},
+    ]
+    assert list(dp.Loader(files(str(tmp_path / "a.txt")).read_lines())) == ["first", "second"]
+
+
+def test_a_bom_is_stripped_at_byte_0_only(tmp_path: Path):
+    path = tmp_path / "a.txt"
+    lines = [f"line {j}" for j in range(200)]
+    lines[100] = "\ufeffinside"  # a BOM character inside the file is data
+    path.write_bytes(BOM + "".join(line + "\n" for line in lines).encode())
+    pipe = dp.files(str(path)).read_lines()
+    assert list(dp.Loader(pipe)) == lines
+    # Split into byte ranges among three consumers: only the first range starts at byte 0.
+    got = [line for r in range(3) for line in dp.Loader(pipe, rank=r, world_size=3)]
+    assert sorted(got) == sorted(lines)
+    assert_resumes_exactly(pipe)
+
+
+def test_a_bom_in_a_gzip_file_is_stripped(tmp_path: Path):
+    import gzip
+
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(gzip.compress(BOM + b'{"a": 1}\n'))
+    assert list(dp.Loader(dp.files(str(path)).read_jsonl())) == [{"a": 1}]
+
+
+def test_a_5_mb_single_line_record_is_read(tmp_path: Path):
+    record = {"words": ["w" * (j % 13) for j in range(600_000)], "end": True}
+    line = json.dumps(record).encode()
+    assert len(line) > 5_000_000
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(b'{"before": 1}\n' + line + b'\n{"after": 2}\n')
+    pipe = dp.files(str(path)).read_jsonl()
+    assert list(dp.Loader(pipe)) == [{"before": 1}, record, {"after": 2}]
+    loader = dp.Loader(pipe)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    fresh = dp.Loader(pipe)
+    fresh.load_state_dict(state)
+    assert list(fresh) == [record, {"after": 2}]
+
+
+def test_a_long_line_is_scanned_once(tmp_path: Path):
+    """Each read of a long record is searched for a line break once, never the whole buffer."""
+    from nodes.readers.lines import JsonLinesFormat
+
+    class Counting(JsonLinesFormat):
+        scanned = 0
+
+        def block_end(self, buf: bytes) -> int:
+            Counting.scanned += len(buf)
+            return super().block_end(buf)
+
+    fmt = Counting(block_size=1024)
+    data = b'"' + b"x" * 200_000 + b'"\n'
+    f = io.BytesIO(data)
+    chunk, leftover, _ = fmt._next_chunk(f, b"", 0, float("inf"))
+    assert chunk == data and leftover == b""
+    assert Counting.scanned <= 2 * len(data)  # was about len(data) ** 2 / (2 * 1024)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_the_quick_header_parse_agrees_with_tarfile(tmp_path: Path, fmt: int):
+    """A resume re-walks headers with a quick parser: it must read them as tarfile does."""
+    from nodes.readers.tar import _plain_header
+
+    deep = "p" * 90 + "/" + "q" * 50  # a ustar name with a prefix field
+    members: list[tuple[str, Any]] = [("dir", None), (deep, None), ("a/b/", None)]
+    members += [(f"{deep}/x{j}.txt", b"y" * j * 300) for j in range(4)]
+    members += [("z" * 120 + ".bin", b"long name" * 100)] if fmt != tarfile.USTAR_FORMAT else []
+    path = tmp_path / "h.tar"
+    write_tar(path, members, format=fmt)
+    data = path.read_bytes()
+    with tarfile.open(path) as tar:
+        offsets = [m.offset for m in tar.getmembers()]
+    compared = 0
+    for offset in range(0, len(data), 512):  # every block that parses as a header
+        buf = data[offset : offset + 512]
+        try:
+            info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+        except tarfile.HeaderError:
+            assert offset not in offsets or _plain_header(buf) is None
+            continue
+        quick = _plain_header(buf)
+        if quick is not None:
+            assert (quick.name, quick.size, quick.type) == (info.name, info.size, info.type)
+            compared += 1
+    assert compared >= len(members)
