@@ -388,8 +388,8 @@ def decode_state(state: dict[str, Any]) -> dict[str, Any]:
                 if isinstance(mine.get(key), str):
                     try:
                         mine[key] = json.loads(mine[key])
-                    except ValueError:
-                        pass  # shown as the string it is
+                    except (ValueError, RecursionError):
+                        pass  # shown as the string it is (not JSON, or nested too deeply)
         ranks[str(rank)] = mine
     return {**state, "ranks": ranks}
 

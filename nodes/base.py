@@ -144,6 +144,9 @@ class Node(Iterator[T]):
       raising it once the epoch is over).
     * ``state_dict()`` is the position after the last item returned: plain
       nested dicts/lists of str/int/float/bool/None, a fresh object each call.
+    * ``validate_state(state, path)`` refuses, with
+      :class:`nodes.errors.InvalidStateError` naming the path, a state the node
+      could not resume exactly (the default checks only the inputs' states).
     * ``close()`` releases threads, files and processes; it is idempotent,
       ``state_dict()`` still answers after it, and a later ``reset`` makes the
       node usable again (breaking out of a Loader loop closes the graph).

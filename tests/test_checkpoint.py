@@ -184,3 +184,34 @@ def test_an_older_state_is_read_but_marked():
     assert "! saved by an older datapipes; a version 4 Loader refuses it" in text
     with pytest.raises(dp.StateMismatchError, match="older datapipes"):
         dp.Loader(dp.range(10).batch(2), seed=4).load_state_dict(old)
+
+
+def test_the_state_errors_are_one_class_by_every_import_path() -> None:
+    from datapipes.checkpoint import InvalidStateError, StateMismatchError
+    from datapipes.loader import InvalidStateError as FromLoader
+    from datapipes.loader import StateMismatchError as MismatchFromLoader
+    from nodes.errors import InvalidStateError as FromNodes
+    from nodes.errors import StateMismatchError as MismatchFromNodes
+
+    assert dp.InvalidStateError is InvalidStateError is FromLoader is FromNodes
+    assert dp.StateMismatchError is StateMismatchError is MismatchFromLoader is MismatchFromNodes
+    assert issubclass(dp.InvalidStateError, dp.StateMismatchError)
+    assert "InvalidStateError" in dp.__all__
+    error = dp.InvalidStateError('ranks["0"].node.position', "an int in [0, 10]", 11)
+    assert (error.path, error.expected) == ('ranks["0"].node.position', "an int in [0, 10]")
+    assert 'ranks["0"].node.position: expected an int in [0, 10], found 11' in str(error)
+
+
+def test_the_envelope_is_checked_before_the_recipe_and_the_setup() -> None:
+    loader = dp.Loader(dp.range(8))
+    next(iter(loader))
+    state = loader.state_dict()
+    other = dp.Loader(dp.range(9))  # another recipe: a malformed state says what is malformed
+    with pytest.raises(dp.InvalidStateError, match=r'ranks\["0"\]\.epoch'):
+        other.load_state_dict({**state, "ranks": {"0": {**state["ranks"]["0"], "epoch": "1"}}})
+    with pytest.raises(dp.StateMismatchError, match="different recipe") as refused:
+        other.load_state_dict(state)
+    assert not isinstance(refused.value, dp.InvalidStateError)
+    with pytest.raises(dp.StateMismatchError, match="Pass seed=0"):
+        dp.Loader(dp.range(8), seed=1).load_state_dict(state)
+    assert checkpoint.node_path(3) == 'ranks["3"].node'

@@ -8,8 +8,12 @@ recipes, topologies and seeds). Each mutated state must either be refused
 with ``dp.StateMismatchError`` (``dp.InvalidStateError`` naming the path
 inside the state), or resume to a valid continuation: the uninterrupted
 run of the state's epoch from some position. Never a raw exception, never
-wrong data. The same states go through ``inspect``'s recipe check, which
-must refuse exactly the states the Loader refuses.
+wrong data. An edit that makes another consistent position (a counter moved
+within its range: ``take``'s count, a shuffle slot, a mix's draw counter)
+cannot be told from a real one without replaying the epoch from its start;
+it must resume as edited: the same stream at every resume, no ``None`` item.
+The same states go through ``inspect``'s recipe check, which must refuse
+exactly the states the Loader refuses.
 
 The number of cases per category is printed (``-s``) and kept in ``TALLY``.
 """
@@ -581,7 +585,9 @@ def test_zz_print_cases_per_category() -> None:
     categories = sorted({category for category, _ in TALLY})
     lines = [
         f"{category:28} refused {TALLY[(category, 'refused')]:5}  "
-        f"resumed exactly {TALLY[(category, 'resumed')]:5}  failed {TALLY[(category, 'FAILED')]}"
+        f"resumed exactly {TALLY[(category, 'resumed')]:5}  "
+        f"resumed as edited {TALLY[(category, 'resumed as edited')]:4}  "
+        f"failed {TALLY[(category, 'FAILED')]}"
         for category in categories
     ]
     print("\nhostile states, cases per category:\n" + "\n".join(lines))

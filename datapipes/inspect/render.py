@@ -26,8 +26,8 @@ def scalar(value: Any) -> str:
     >>> scalar(list(range(16))), scalar([1, "a"]), scalar({"files": 3})
     ('16 positions', "[1, 'a']", '{files: 3}')
     """
-    if isinstance(value, str):
-        return repr(value)
+    if isinstance(value, str):  # a long one (a node state that does not parse) is cut
+        return repr(value) if len(value) <= 200 else f"{value[:120]!r}... ({len(value)} chars)"
     if isinstance(value, list | tuple):
         if len(value) > _LIST_INLINE or any(isinstance(v, dict | list) for v in value):
             noun = "positions" if all(isinstance(v, int) for v in value) else "items"
