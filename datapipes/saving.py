@@ -25,6 +25,7 @@ import pickle
 import re
 import secrets
 import socket
+import stat
 from pathlib import Path
 from typing import IO, Any
 
@@ -154,10 +155,20 @@ def _save_local(obj: Any, target: Path) -> None:
         raise IsADirectoryError(
             f"cannot save the checkpoint to {target}: it is a directory; pass a file name"
         )
-    prefix = f".{target.name}.tmp-"
+    prefix = f".{target.name[:120]}.tmp-"  # cut: the whole name must stay under NAME_MAX
     temporary = folder / f"{prefix}{_HOST}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        with open(temporary, "xb") as file:  # "x": never reuse someone else's file
+        file = open(temporary, "xb")  # "x": never reuse someone else's file
+    except PermissionError as error:
+        raise PermissionError(
+            f"cannot save the checkpoint to {target}: save_checkpoint writes a temporary "
+            f"file next to it and renames it, and the directory {folder} is not writable "
+            "by this process; make it writable or save to another directory"
+        ) from error
+    try:
+        with file:
+            with contextlib.suppress(FileNotFoundError):  # a private checkpoint stays private
+                os.chmod(file.fileno(), stat.S_IMODE(os.stat(target).st_mode))
             torch.save(obj, file)
             file.flush()
             os.fsync(file.fileno())  # the data is on disk before the name points at it
@@ -214,8 +225,8 @@ def _save_fsspec(obj: Any, fs: Any, target: str) -> None:
         with fs.open(target, "wb") as file:
             torch.save(obj, file)
         return
-    parent, _, name = target.rpartition("/")
-    temporary = f"{parent}/.{name}.tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}"
+    parent, slash, name = target.rpartition("/")
+    temporary = f"{parent}{slash}.{name[:120]}.tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         with fs.open(temporary, "wb") as file:
             torch.save(obj, file)

@@ -15,6 +15,7 @@ import os
 import pickle
 import random
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -109,6 +110,21 @@ def test_a_symlink_is_written_through(tmp_path: Path) -> None:
     link.symlink_to(real.name)
     dp.save_checkpoint({"step": 101}, link)
     assert link.is_symlink() and dp.load_checkpoint(real) == {"step": 101}
+
+
+def test_the_target_keeps_its_permissions(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt.pt"
+    dp.save_checkpoint({"version": 1}, target)
+    target.chmod(0o600)  # a private checkpoint must not become world-readable on the next save
+    dp.save_checkpoint({"version": 2}, target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert dp.load_checkpoint(target) == {"version": 2}
+
+
+def test_a_long_file_name_still_saves(tmp_path: Path) -> None:
+    target = tmp_path / ("c" * 240 + ".pt")  # near NAME_MAX: the temporary name is cut
+    dp.save_checkpoint({"a": 1}, target)
+    assert dp.load_checkpoint(target) == {"a": 1} and _temporaries(tmp_path) == []
 
 
 def test_concurrent_saves_of_one_target_leave_one_complete_file(tmp_path: Path) -> None:
