@@ -782,6 +782,48 @@ def test_a_read_that_keeps_stalling_fails_naming_the_url_offset_and_timeout():
         file.close()
 
 
+class SlowOpener(FakeOpener):
+    """A fake opener whose reads take ``delay`` seconds per 400 bytes: slow, never stalled."""
+
+    def __init__(self, delay: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.delay = delay
+
+    def __call__(self) -> FakeFile:
+        file = super().__call__()
+        read = file.read
+
+        def slow_read(size: int | None = -1) -> bytes:
+            data = read(size)
+            time.sleep(self.delay * max(1, len(data) / 400))
+            return data
+
+        file.read = slow_read  # type: ignore[method-assign]
+        return file
+
+
+def test_a_big_read_is_made_of_pieces_so_a_slow_source_is_not_taken_for_a_stalled_one():
+    opener = SlowOpener(0.03)
+    with _watched(opener, timeout=0.15) as file:
+        file.watched_piece = 400  # 10 pieces of 30 ms, not one read of 0.3 s
+        assert file.read(4000) == DATA[:4000]
+        assert file.read() == DATA[4000:]
+        assert file.retried == 0 and opener.opens == 1
+
+
+def test_a_long_skip_of_a_stream_that_moves_is_not_taken_for_a_stall():
+    opener = SlowOpener(0.03, chunk=400, seekable=False)  # a stream: seeks are reads
+    with RetryingFile(
+        URL,
+        lambda: ForwardOnlyFile(opener, lambda: len(DATA)),
+        RetryPolicy(timeout=0.15, first_wait=NO_WAIT),
+        watchdog=True,
+    ) as file:
+        file.seek(4500)  # reached by reading 12 pieces of 30 ms in one call
+        assert file.read(100) == DATA[4500:4600]
+        assert file.retried == 0 and opener.opens == 1
+
+
 def test_without_a_watchdog_reads_run_on_the_callers_thread():
     threads = []
     opener = FakeOpener()

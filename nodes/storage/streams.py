@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nodes.storage.retry import ReadFailedError, RetryPolicy, as_policy, with_retries
-from nodes.storage.watchdog import Watchdog
+from nodes.storage.watchdog import Watchdog, progress
 
 
 class _ReadOnlyStream(io.RawIOBase):
@@ -72,6 +72,9 @@ class RetryingFile(_CountedStream):
     stalls fails (and is retried) after the timeout instead of hanging.
     A seek only records the position; the next read goes there.
     """
+
+    #: The most a read asks of the file in one call under the watchdog (8 MiB).
+    watched_piece = 8 << 20
 
     def __init__(
         self,
@@ -163,6 +166,21 @@ class RetryingFile(_CountedStream):
         return self._pos
 
     def read(self, size: int = -1) -> bytes:
+        whole = size is None or size < 0
+        if self._watchdog is not None and (whole or size > self.watched_piece):
+            # The watchdog times a call, not bytes: a big read is made of pieces that each
+            # take far less than the timeout unless the source stalls.
+            parts, got, piece = [], 0, self.watched_piece
+            while whole or got < size:
+                data = self._read(piece if whole else min(piece, size - got))
+                if not data:
+                    break
+                parts.append(data)
+                got += len(data)
+            return b"".join(parts)
+        return self._read(size)
+
+    def _read(self, size: int) -> bytes:
         try:
             data = self._attempt(lambda: self._here().read(size))
         except ReadFailedError as error:
@@ -220,6 +238,7 @@ class ForwardOnlyFile(_CountedStream):
                 self._length = self._at
                 return
             self._at += len(data)
+            progress()  # a long skip under a watchdog is slow, not stalled
 
     def read(self, size: int = -1) -> bytes:
         self._move_to(self._pos)
@@ -240,6 +259,7 @@ def read_full(f: Any, size: int) -> bytes:
         parts = [data]
         got = len(data)
         while got < size:
+            progress()  # a big read made of many short ones is slow, not stalled
             more = f.read(size - got)
             if not more:
                 break

@@ -19,6 +19,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+# The helper running a call on this thread, for progress() (set on helper threads only).
+_running = threading.local()
+
+
+def progress() -> None:
+    """Tell the watchdog running this call, if any, that it is making progress.
+
+    A long call that moves data in steps (a stream skipped forward by reading)
+    calls this after each step, so the timeout measures a stall, not its length.
+    """
+    helper = getattr(_running, "helper", None)
+    if helper is not None:
+        helper.beats += 1
+
 
 class _Job:
     """One call handed to the helper: its outcome, and whether its caller gave up on it."""
@@ -40,10 +54,12 @@ class _Helper:
 
     def __init__(self) -> None:
         self.pid = os.getpid()  # a helper does not survive a fork: the child starts its own
+        self.beats = 0  # progress() calls of its jobs: one that beats within each timeout goes on
         self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="datapipes-read", daemon=True).start()
 
     def _run(self) -> None:
+        _running.helper = self
         while True:
             job = self.jobs.get()
             if job is None:
@@ -79,7 +95,11 @@ class Watchdog:
             helper = self._helper = _Helper()
         job = _Job(action)
         helper.jobs.put(job)
-        if not job.done.wait(self.timeout):
+        beats = helper.beats
+        while not job.done.wait(self.timeout):
+            if helper.beats != beats:  # slow but moving: wait for another timeout
+                beats = helper.beats
+                continue
             with job.lock:
                 if not job.done.is_set():
                     job.abandoned = True
