@@ -494,9 +494,10 @@ def _apply(file, op: tuple[str, int, int]) -> object:
     return file.seek(max(a, -file.tell()) if b == io.SEEK_CUR else a, b)
 
 
+@pytest.mark.parametrize("watched", [False, True], ids=["direct", "watched"])
 @pytest.mark.parametrize("stream", [False, True], ids=["seekable", "forward-only"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_reads_and_seeks_match_bytesio_despite_cuts(stream, seed):
+def test_random_reads_and_seeks_match_bytesio_despite_cuts(stream, seed, watched):
     rng = random.Random(seed)
     faults = [
         Fault(rng.randrange(len(DATA)), rng.choice(TRANSIENT), rng.choice(["read", "read", "open"]))
@@ -505,11 +506,15 @@ def test_random_reads_and_seeks_match_bytesio_despite_cuts(stream, seed):
     if not stream:
         faults += [Fault(rng.randrange(len(DATA)), TimeoutError(), "seek")]
     opener = FakeOpener(chunk=rng.choice([None, 13, 400]), seekable=not stream, faults=faults)
+    # Watched: under a watchdog, with pieces and read-ahead small enough to matter here.
+    policy = RetryPolicy(retries=10, first_wait=NO_WAIT, timeout=30)
     if stream:
         size = rng.choice([len(DATA), None])
-        file = RetryingFile(URL, lambda: forward_only(opener, size), 10, backoff=NO_WAIT)
+        file = RetryingFile(URL, lambda: forward_only(opener, size), policy, watchdog=watched)
     else:
-        file = retrying(opener, retries=10)
+        file = RetryingFile(URL, opener, policy, watchdog=watched)
+    if watched:
+        file.watched_piece, file.watched_ahead = rng.choice([(1000, 300), (700, 64), (50, 10)])
     expected = io.BytesIO(DATA)
     for op in _random_ops(rng, 40):
         assert _apply(file, op) == _apply(expected, op), op
@@ -741,8 +746,33 @@ class StallingOpener(FakeOpener):
 
 
 def _watched(opener: FakeOpener, **limits) -> RetryingFile:
+    """A file under a watchdog that reads what is asked (no read-ahead past a stall point)."""
     policy = RetryPolicy(first_wait=NO_WAIT, **limits)
-    return RetryingFile(URL, opener, policy, watchdog=True)
+    file = RetryingFile(URL, opener, policy, watchdog=True)
+    file.watched_ahead = 0
+    return file
+
+
+def test_small_reads_under_a_watchdog_are_served_from_one_read_ahead():
+    opener = FakeOpener(chunk=None)
+    calls = []
+    with RetryingFile(URL, opener, RetryPolicy(timeout=5), watchdog=True) as file:
+        real = opener.files[0].read
+
+        def read(size: int | None = -1) -> bytes:
+            calls.append(size)
+            return real(size)
+
+        opener.files[0].read = read  # type: ignore[method-assign]
+        assert [read_full(file, 512) for _ in range(4)] == [
+            DATA[i : i + 512] for i in range(0, 2048, 512)
+        ]
+        assert file.tell() == 2048
+        assert calls == [file.watched_ahead]  # one call for four tar-header-sized reads
+        file.seek(3000)  # within the bytes read ahead: no call
+        assert file.read(10) == DATA[3000:3010] and len(calls) == 1
+        file.seek(100)  # behind them: read again from there
+        assert file.read(10) == DATA[100:110]
 
 
 def test_a_stalled_read_times_out_and_is_retried_on_a_reopened_file():

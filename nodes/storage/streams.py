@@ -75,6 +75,8 @@ class RetryingFile(_CountedStream):
 
     #: The most a read asks of the file in one call under the watchdog (8 MiB).
     watched_piece = 8 << 20
+    #: The least it asks for: smaller reads are served from the bytes read ahead (64 KiB).
+    watched_ahead = 64 << 10
 
     def __init__(
         self,
@@ -100,7 +102,8 @@ class RetryingFile(_CountedStream):
         # says yes, the opener returns a stream from then on (see ForwardOnlyFile).
         self._stream_instead = stream_instead
         self._file: Any = None  # opened (again) by _here() when None
-        self._positioned = False  # whether self._file sits at self._pos
+        self._positioned = False  # whether self._file sits at self._pos (+ len(self._ahead))
+        self._ahead = b""  # bytes read past self._pos under a watchdog, handed out first
         try:
             self._attempt(self._here)  # a missing file fails now, not at the first read
         except BaseException:
@@ -125,6 +128,7 @@ class RetryingFile(_CountedStream):
     def _discard(self) -> None:
         """Drop the handle (broken, or of the wrong kind); the next attempt opens another."""
         file, self._file, self._positioned = self._file, None, False
+        self._ahead = b""  # read again from self._pos by the next handle
         if file is None:
             return
         if self._watchdog is not None:  # a stalled read may still hold it: closed after that
@@ -157,17 +161,32 @@ class RetryingFile(_CountedStream):
     def _end(self) -> int:
         end = self._attempt(lambda: self._here().seek(0, io.SEEK_END))
         self._positioned = False  # the handle is at its end now, not at self._pos
+        self._ahead = b""
         return end
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         target = self._target(offset, whence)
-        if target != self._pos:
-            self._pos, self._positioned = target, False
+        if self._pos < target <= self._pos + len(self._ahead):  # within the bytes read ahead
+            self._ahead = self._ahead[target - self._pos :]
+            self._pos = target
+        elif target != self._pos:
+            self._pos, self._positioned, self._ahead = target, False, b""
         return self._pos
 
     def read(self, size: int = -1) -> bytes:
         whole = size is None or size < 0
-        if self._watchdog is not None and (whole or size > self.watched_piece):
+        if self._ahead:
+            if not whole and size <= len(self._ahead):
+                data, self._ahead = self._ahead[:size], self._ahead[size:]
+                self._pos += len(data)
+                return data
+            # The handle sits where the bytes read ahead end: hand them out, read on from there.
+            data, self._ahead = self._ahead, b""
+            self._pos += len(data)
+            return data + self.read(-1 if whole else size - len(data))
+        if self._watchdog is None:
+            return self._read(size)
+        if whole or size > self.watched_piece:
             # The watchdog times a call, not bytes: a big read is made of pieces that each
             # take far less than the timeout unless the source stalls.
             parts, got, piece = [], 0, self.watched_piece
@@ -178,6 +197,12 @@ class RetryingFile(_CountedStream):
                 parts.append(data)
                 got += len(data)
             return b"".join(parts)
+        if size < self.watched_ahead:
+            # Small reads (tar headers) would each pay a thread hand-off: read ahead instead.
+            data = self._read(self.watched_ahead)
+            self._pos -= len(data) - min(size, len(data))
+            data, self._ahead = data[:size], data[size:]
+            return data
         return self._read(size)
 
     def _read(self, size: int) -> bytes:
