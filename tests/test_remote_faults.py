@@ -168,6 +168,20 @@ def test_a_stall_mid_body_is_retried_within_the_timeout(served, monkeypatch, wat
     assert elapsed < 10, f"a 0.5 s timeout took {elapsed:.1f} s to get past a stall"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_stall_in_a_dataloader_worker_is_retried_too(served):
+    server, faults = served
+    faults.stalls = 2  # the first ranged answers: each worker's first read of its file
+    pipe = dp.files([_url(server, "a"), _url(server, "b")], timeout=0.5, block_size=BLOCK)
+    loader = dp.Loader(pipe.read_jsonl(), num_workers=2)
+    started = time.monotonic()
+    records = list(loader)
+    assert faults.stalled == 2
+    _assert_exactly_once(records, names="ab")
+    assert time.monotonic() - started < 30
+
+
 @pytest.mark.timeout(60)
 def test_a_server_that_keeps_stalling_fails_naming_url_offset_and_timeout(served):
     server, faults = served
