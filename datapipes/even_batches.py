@@ -26,7 +26,16 @@ class EvenBatchesPolicy:
     under NCCL it makes a gloo group, which every rank must do at the same point.
     """
 
-    __slots__ = ("_requested", "_pipe", "_topology", "_num_workers", "_seed", "_on", "_agreement")
+    __slots__ = (
+        "_requested",
+        "_pipe",
+        "_topology",
+        "_num_workers",
+        "_seed",
+        "_on",
+        "_agreement",
+        "_group",
+    )
 
     def __init__(
         self,
@@ -41,6 +50,7 @@ class EvenBatchesPolicy:
         self._num_workers, self._seed = num_workers, seed
         self._on: bool | None = None  # pinned once decided
         self._agreement: RankAgreement | None = None  # made at the first epoch, then kept
+        self._group: Any = _UNSET  # the ranks' process group, made once when first needed
 
     @property
     def value(self) -> bool:
@@ -59,6 +69,22 @@ class EvenBatchesPolicy:
         if self._on is None and undecided and isinstance(saved, bool):
             self._on = saved
 
+    def group(self) -> Any:
+        """The process group this Loader's ranks talk on, or :data:`NO_GROUP`.
+
+        Ranks talk only when the policy is on under ``torch.distributed`` with
+        several ranks: then every rank iterates its Loader, so a collective at
+        the first epoch's build cannot hang. ``None`` is the default group (gloo);
+        under another backend a gloo group is made, once per Loader (which is
+        collective too), and shared by everything the ranks agree on (the
+        even epochs, the file listing).
+        """
+        if not self.value:
+            return NO_GROUP
+        if self._group is _UNSET:
+            self._group = _gloo_group()
+        return self._group
+
     def wrap(self, root: Node[Any], epoch: Callable[[], int]) -> Node[Any]:
         """``root`` made even across ranks when the policy is on (``epoch``: the running one).
 
@@ -69,7 +95,7 @@ class EvenBatchesPolicy:
             return root
         if self._agreement is None:  # once: under NCCL it makes a gloo group
             self._agreement = even_batches_agreement(
-                self._pipe, self._topology, self._num_workers, self._seed
+                self._pipe, self._topology, self._num_workers, self._seed, self.group()
             )
         return EvenBatchesNode(root, self._agreement, rank=self._topology.rank, epoch=epoch)
 
@@ -97,24 +123,31 @@ def even_batches_on(even_batches: bool | None, topology: Topology) -> bool | Non
 
 
 def even_batches_agreement(
-    pipe: DataPipe[Any], topology: Topology, num_workers: int, seed: int
+    pipe: DataPipe[Any], topology: Topology, num_workers: int, seed: int, group: Any
 ) -> RankAgreement:
-    """How ranks agree to stop together: through torch.distributed, else by counting.
-
-    Under ``torch.distributed`` this makes a gloo group when the default
-    backend is another one, which is collective: every rank calls it at the
-    same point (its first epoch).
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        # A gloo group of its own, so the agreement never queues behind NCCL work on the GPU.
-        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    """How ranks agree to stop together: on ``group`` (see :meth:`EvenBatchesPolicy.group`),
+    else, with :data:`NO_GROUP`, by counting every rank's items."""
+    if group is not NO_GROUP:
         return CollectiveAgreement(group)
     world = topology.world_size
     return CountedAgreement(
         lambda epoch: items_per_rank(pipe, world, num_workers, seed, epoch), topology.rank
     )
+
+
+#: The ranks of a Loader do not talk (no ``torch.distributed``, one rank, or the policy off).
+NO_GROUP = object()
+_UNSET = object()
+
+
+def _gloo_group() -> Any:
+    """The default group under gloo, a new gloo group under another backend, else NO_GROUP."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return NO_GROUP
+    # Gloo, so the ranks' few small messages never queue behind NCCL work on the GPU.
+    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
 
 _COUNT_PRESERVING = ("map", "shuffle", "prefetch", "pin_memory", "to_device")

@@ -4,11 +4,14 @@ A file added or removed while the ranks list would otherwise give each rank
 another listing, and dealing two different listings to consumers duplicates
 some records and loses others without a word. So:
 
-* under ``torch.distributed`` (several ranks), rank 0 lists and broadcasts the
-  listings to every rank (``broadcast_object_list`` on a gloo group), once
-  per Loader, when its first epoch's graph is built; every rank must
-  therefore iterate its Loader, as ``even_batches`` already requires. This
-  also saves the other ranks their listing;
+* under ``torch.distributed`` (several ranks) with ``even_batches`` on (the
+  default there), rank 0 lists and broadcasts the listings to every rank
+  (``broadcast_object_list`` on a gloo group), once per Loader, when its first
+  epoch's graph is built. ``even_batches`` already makes every rank iterate
+  its Loader, so this adds no new duty, and it saves the other ranks their
+  listing. A Loader with ``even_batches=False`` never talks to other ranks
+  (one rank alone may iterate it, e.g. for an evaluation on rank 0), so each
+  rank lists for itself, as without ``torch.distributed``;
 * DataLoader workers receive the listings with the recipe they run (inherited
   with ``fork``, pickled once per worker with ``spawn``) and never list;
 * without ``torch.distributed`` (``rank``/``world_size`` as arguments, or
@@ -23,11 +26,12 @@ The listing is made once per Loader and kept for its life (across epochs and
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from typing import Any
 
+from datapipes.even_batches import NO_GROUP
 from datapipes.files import Files
 from datapipes.pipe import DataPipe
-from datapipes.topology import Topology
 from nodes import Context
 from nodes.files import FileSet, Listings
 
@@ -35,16 +39,18 @@ from nodes.files import FileSet, Listings
 class JobListings:
     """A Loader's listings: made at its first epoch's build (the same point on every rank)."""
 
-    __slots__ = ("_pipe", "_topology", "_listings")
+    __slots__ = ("_pipe", "_group", "_listings")
 
-    def __init__(self, pipe: DataPipe[Any], topology: Topology) -> None:
-        self._pipe, self._topology = pipe, topology
+    def __init__(self, pipe: DataPipe[Any], group: Callable[[], Any]) -> None:
+        """``group()``: the process group the Loader's ranks talk on, or ``NO_GROUP``
+        (:meth:`datapipes.even_batches.EvenBatchesPolicy.group`)."""
+        self._pipe, self._group = pipe, group
         self._listings: Listings | None = None
 
     def get(self, ctx: Context) -> Listings:
         """The listings of every file list of the recipe, agreed on by all ranks."""
         if self._listings is None:  # once per Loader: under torch.distributed a collective
-            self._listings = agreed_listings(file_sets(self._pipe, ctx), self._topology)
+            self._listings = agreed_listings(file_sets(self._pipe, ctx), self._group)
             self._listings.digest_all()  # here once, rather than in every worker's states
         return self._listings
 
@@ -69,34 +75,15 @@ def file_sets(pipe: DataPipe[Any], ctx: Context) -> list[FileSet]:
     return list(found.values())
 
 
-def agreed_listings(sets: list[FileSet], topology: Topology) -> Listings:
-    """The listings of ``sets``: made by rank 0 and broadcast under ``torch.distributed``,
-    else made here (each process lists for itself)."""
+def agreed_listings(sets: list[FileSet], group: Callable[[], Any]) -> Listings:
+    """The listings of ``sets``: made by rank 0 and broadcast on ``group()`` when the
+    ranks talk, else made here (each process lists for itself)."""
     if not sets:
-        return Listings()
-    group = _listing_group(topology)
-    if group is _NO_GROUP:
+        return Listings()  # nothing to list: no collective, no group made
+    talk = group()
+    if talk is NO_GROUP:
         return Listings({files.listing_key: files.list() for files in sets})
-    return Listings(_broadcast_from_rank_0(sets, group))
-
-
-_NO_GROUP = object()  # ranks cannot talk: each process lists for itself
-
-
-def _listing_group(topology: Topology) -> Any:
-    """The gloo group to broadcast on (``None``: the default group), or ``_NO_GROUP``.
-
-    Under NCCL this makes a gloo group, which is collective: every rank calls
-    it at the same point (its Loader's first epoch), as ``even_batches`` does.
-    """
-    import torch.distributed as dist
-
-    if topology.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-        return _NO_GROUP
-    if dist.get_world_size() == 1:
-        return _NO_GROUP
-    # Gloo, so the broadcast of a few MB of URLs never queues behind NCCL work on the GPU.
-    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return Listings(_broadcast_from_rank_0(sets, talk))
 
 
 def _broadcast_from_rank_0(sets: list[FileSet], group: Any) -> dict[str, list[str]]:

@@ -160,7 +160,8 @@ class Loader:
             pipe, self.topology, self.seed, num_workers, dataloader_options, stats=stats
         )
         self._even = EvenBatchesPolicy(even_batches, pipe, self.topology, num_workers, self.seed)
-        self._listings = JobListings(pipe, self.topology)  # listed once, at the first build
+        # Listed once, at the first build; by rank 0 for all when the ranks iterate together.
+        self._listings = JobListings(pipe, self._even.group)
         self._cursor = EpochCursor()
         self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
         self._graph = checkpoint.GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
