@@ -352,17 +352,16 @@ class Loader:
         self._graph.load(checkpoint.rank_graph(state, self.rank))
 
     def _validate_position(self, epoch: int, node: dict[str, Any]) -> None:
-        # Against the graph the epoch will run (built now if need be: building opens
-        # nothing), with the context at the saved epoch, as the resume will have it.
-        if self._root is None:
-            self._root = self._build()
-            self._stats.new_graph()
-        running = self._context.epoch
-        self._context.epoch = epoch
+        # Against the graph the epoch will run, built for the saved epoch (building opens
+        # nothing) apart from the Loader's own, which may be running (a prefetch thread
+        # reads its context) and must stay as it is if the state is refused.
+        ctx = Context(rank=self.rank, world_size=self.world_size, epoch=epoch, seed=self.seed)
+        ctx.listings = self._listings.get(ctx)  # the Loader's listing: the files it reads
+        root = self._even.wrap(self._runtime_pipe.build(ctx), lambda: ctx.epoch)
         try:
-            self._root.validate_state(node, checkpoint.node_path(self.rank))
+            root.validate_state(node, checkpoint.node_path(self.rank))
         finally:
-            self._context.epoch = running
+            root.close()
 
     def _topology_record(self) -> dict[str, Any]:
         return checkpoint.topology_record(self.world_size, self.num_workers, self.even_batches)

@@ -475,6 +475,20 @@ def test_a_refused_state_leaves_the_loader_where_it_was() -> None:
     assert [*first, *items] == list(range(20))
 
 
+def test_a_refused_state_leaves_a_running_epoch_alone() -> None:
+    pipe = dp.range(200).shuffle().prefetch(4)  # a thread reads ahead while the state is checked
+    full = list(dp.Loader(pipe, seed=1))
+    loader = dp.Loader(pipe, seed=1)
+    items = iter(loader)
+    head = [next(items) for _ in range(10)]
+    state = loader.state_dict()
+    mine = {**state["ranks"]["0"], "epoch": 5, "node": json.dumps({"position": 999})}
+    with pytest.raises(dp.InvalidStateError, match="position"):
+        loader.load_state_dict({**state, "ranks": {"0": mine}})
+    assert head + list(items) == full
+    loader.close()
+
+
 def test_the_examples_of_the_issue() -> None:
     """Each example of finding 1 is refused with the path and what was expected."""
     loader = dp.Loader(dp.range(1000))
