@@ -53,9 +53,7 @@ class FileReaderNode(Node):
     that the positions refer to.
     Resume opens the file at the cursor (a byte offset, a row, a tar header)
     and re-reads at most one block; the cost does not grow with the position,
-    except for compressed files, which are decompressed from their start, and
-    tar archives, whose headers before the cursor are walked again (to know
-    the keys seen, and to check the cursor): about 30 us a member locally.
+    except for compressed files, which are decompressed from their start.
     """
 
     kind = "reader"

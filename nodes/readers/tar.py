@@ -6,20 +6,26 @@ A member ``dir/img001.seg.png`` has key ``dir/img001`` and field
 links and hidden files (``._x``) are not fields, as in webdataset.
 
 Headers are parsed directly (ustar, GNU long names, pax paths), so a reader
-can start at any member: the cursor is ``[header offset, sample number]``.
-A resume walks the headers before the cursor (seeking past the data where
-the file seeks), to know the keys seen so far and to check that the cursor
-is where that sample starts. A file is split among consumers by samples:
-part ``p`` of ``n`` takes samples ``p, p + n, ...`` and seeks past the
-others' data.
+can start at any member: the cursor is ``[header offset, sample number]``,
+and a resume opens the file there, whatever the position (it checks that the
+header there is valid and starts a sample field; it reads nothing before).
+A file is split among consumers by samples: part ``p`` of ``n`` takes
+samples ``p, p + n, ...`` and seeks past the others' data.
 
 Damage is never read as the end: the archive must end with its
 end-of-archive marker (two zero blocks); EOF before it, a lone zero block
 where a header should be, or a header whose checksum fails loses the rest of
 the file (a :class:`BadRecordError`, or under ``on_error="skip"`` a counted
 loss with the bytes not read). A member named with ``..`` components or an
-absolute path, and a key that appears again after other keys (webdataset
-would yield two samples with that key), make a bad sample.
+absolute path, and a key that appears again after other keys within one
+block (webdataset would yield two samples with that key), make a bad sample.
+
+Keys are remembered per block (the samples read from a block's start cursor:
+up to ``block_samples`` of this consumer's, with the others' and the bad ones
+in between), because a resume re-reads its block from that cursor and knows
+nothing before it: detection is then the same in a resumed run as in an
+uninterrupted one. A key that reappears in a later block is not detected and
+makes a second sample with that key.
 """
 
 from __future__ import annotations
@@ -48,8 +54,7 @@ class _TarWalker:
 
     def __init__(self, f: Any, url: str, offset: int, seekable: bool) -> None:
         self.f, self.url, self.offset, self.seekable = f, url, offset, seekable
-        # Re-walking headers read before (a resume): plain ones are parsed without tarfile.
-        self.quick = False
+        self.pending = b""  # a header block read ahead (a resume's check), taken first
 
     def _read(self, size: int, what: str) -> bytes:
         data = read_full(self.f, size)
@@ -71,7 +76,7 @@ class _TarWalker:
         first_header = self.offset  # a long-name or pax header comes before the member's own
         while True:
             header_offset = self.offset
-            buf = read_full(self.f, BLOCK)
+            buf, self.pending = self.pending or read_full(self.f, BLOCK), b""
             if not buf:
                 raise BadRecordError(
                     self.url,
@@ -85,9 +90,7 @@ class _TarWalker:
                 if self._end_marker(header_offset, long_name is not None):
                     return None
             try:
-                info = (self.quick and _plain_header(buf)) or tarfile.TarInfo.frombuf(
-                    buf, "utf-8", "surrogateescape"
-                )
+                info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
             except tarfile.HeaderError as error:
                 raise BadRecordError(
                     self.url, f"header at byte offset {header_offset}", f"corrupt header: {error}"
@@ -146,53 +149,6 @@ class _TarWalker:
         self.offset += size
 
 
-class _Header:
-    __slots__ = ("name", "size", "type")
-
-    def __init__(self, name: str, size: int, type: bytes) -> None:
-        self.name, self.size, self.type = name, size, type
-
-
-_USTAR = (b"ustar\x0000", b"ustar  \x00")
-
-
-def _plain_header(buf: bytes) -> _Header | None:
-    """Name, size and type of a plain ustar or GNU header, parsed as tarfile would, 15x faster.
-
-    None for anything else (base-256 sizes, other magic), which tarfile then parses.
-    Used only to re-walk headers read before, so the checksum is not verified again.
-    """
-    if buf[257:265] not in _USTAR or buf[124] & 0x80:
-        return None
-    type_ = buf[156:157]
-    if type_ not in _PLAIN_TYPES:
-        return None
-    name = buf[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-    try:
-        size = int(buf[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
-    except ValueError:
-        return None
-    if type_ == tarfile.AREGTYPE and name.endswith("/"):
-        type_ = tarfile.DIRTYPE
-    if type_ == tarfile.DIRTYPE:
-        name = name.rstrip("/")
-    if buf[257:263] == b"ustar\x00":  # POSIX: the name may continue in the prefix field
-        prefix = buf[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        if prefix:
-            name = prefix + "/" + name
-    return _Header(name, size, type_)
-
-
-_PLAIN_TYPES = (
-    *_REGULAR,
-    tarfile.DIRTYPE,
-    tarfile.SYMTYPE,
-    tarfile.LNKTYPE,
-    tarfile.GNUTYPE_LONGNAME,
-    tarfile.XHDTYPE,
-)
-
-
 def _pax_path(data: bytes) -> str | None:
     """The ``path`` record of a pax extended header, if any (ValueError if malformed)."""
     position = 0
@@ -232,18 +188,22 @@ class TarFormat(RecordFormat):
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
     ) -> Iterator[tuple[list[Any], Cursor]]:
         offset, sample_no = (0, 0) if cursor is None else cursor
-        # A resume walks the headers before the cursor to know the keys seen so far (a key
-        # seen again is a bad sample): only headers are read where the file seeks; a
-        # compressed file is decompressed from its start either way.
-        with source.open(0) as f:
-            walker = _TarWalker(f, source.url, 0, source.seekable)
-            seen, first = _keys_before(walker, offset, sample_no) if offset else (set(), None)
+        resume = _Resume(source.url, offset, sample_no) if offset or sample_no else None
+        if resume is not None:
+            resume.check_offset()
+        with source.open(offset) as f:
+            walker = _TarWalker(f, source.url, offset, source.seekable)
+            if resume is not None:
+                resume.check_header(walker)
             block: list[Any] = []
             size = 0
             loss = _Loss(source, errors)
+            # The keys read since this block's start cursor: a resume starts there with none,
+            # so a repeat is found (or not) alike in a resumed and an uninterrupted run.
+            seen: set[str] = set()
             try:
                 for sample, sample_bytes, after in self._samples(
-                    walker, part, parts, sample_no, seen, loss, first
+                    walker, part, parts, sample_no, seen, loss, resume
                 ):
                     block.append(sample)
                     size += sample_bytes
@@ -252,7 +212,10 @@ class TarFormat(RecordFormat):
                     if len(block) >= self.block_samples or size >= self.block_bytes:
                         yield block, after
                         block, size = [], 0
+                        seen.clear()  # a new block starts at ``after`` (nothing of it read yet)
             except BadRecordError as error:  # raise mode: hand out the good samples first
+                # A state taken after this raise resumes at the bad sample, which then starts
+                # a block: a repeated key is read there as a sample (a repeat across blocks).
                 yield block, error.cursor  # type: ignore[attr-defined]
                 raise
             if source.compression is not None:
@@ -274,7 +237,7 @@ class TarFormat(RecordFormat):
         sample_no: int,
         seen: set[str],
         loss: _Loss,
-        first: _Field | None,
+        resume: _Resume | None,
     ) -> Iterator[tuple[dict[str, Any], int, Cursor]]:
         """(sample, its data size, cursor after it) for this part's samples.
 
@@ -285,11 +248,13 @@ class TarFormat(RecordFormat):
         url = walker.url
         before = walker.offset
         try:
-            member = first or self._next(walker)
+            member = self._next(walker)
         except BadRecordError as fatal:  # the archive is broken before this sample starts
             if sample_no % parts == part:
                 loss.rest(fatal, [before, sample_no])
             return
+        if resume is not None:
+            resume.check_member(member)
         while member is not None:
             key = member[1][0]
             start = member[0].offset
@@ -380,52 +345,69 @@ def _key_problem(url: str, member: _Member, key: str, seen: set[str]) -> BadReco
         return BadRecordError(
             url,
             where,
-            f"the key {key!r} appeared before, not next to this member: a sample's members "
-            "must be consecutive (write each sample's files together, e.g. sorted by key)",
+            f"the key {key!r} appeared before in this block of samples, not next to this "
+            "member: a sample's members must be consecutive (write each sample's files "
+            "together, e.g. sorted by key)",
         )
     return None
 
 
-def _keys_before(
-    walker: _TarWalker, offset: int, sample_no: int
-) -> tuple[set[str], _Field | None]:
-    """The keys of the samples before a resume cursor, and the member at it if read already.
+class _Resume:
+    """Checks that a resume cursor points where a sample starts, reading nothing before it.
 
-    The walker, started at the archive's start, ends at ``offset`` (or just
-    past the header of the member there). A cursor that is not where sample
-    ``sample_no`` starts (a changed file, an edited state) is refused rather
-    than read from.
+    Every cursor a reader hands out is the first header (a GNU long name or
+    pax header, or the member's own) of a sample's first member. The header
+    there must be valid, and the member it belongs to a sample field; a cursor
+    that is not (moved, edited, or into a file that changed) is refused. What
+    only the headers before it would tell is not checked: a cursor at the
+    second member of a sample, or with another sample number, reads on from
+    there (the number decides which consumer owns each sample after it).
     """
-    seen: set[str] = set()
-    key = None
-    count = 0  # samples started: a key seen again starts a (bad) sample of its own
-    walker.quick = True
-    while True:
-        if walker.offset == offset and count == sample_no:
-            walker.quick = False
-            return seen, None
-        member = None
-        if walker.offset < offset:
-            try:
-                member = TarFormat._next(walker)
-            except BadRecordError:
-                pass  # damage before the cursor: no reader could have got past it
-        if member is None or member[0].offset >= offset:
-            break
-        if member[1][0] != key:
-            key = member[1][0]
-            seen.add(key)
-            count += 1
-        walker.skip(_padded(member[0].size))
-    walker.quick = False
-    if member is not None and member[0].offset == offset and count == sample_no:
-        return seen, member
-    raise InvalidStateError(
-        "reader state.cursor",
-        f"[the byte offset where a sample starts, its sample number] in {walker.url}",
-        [offset, sample_no],
-        note=f"{count} samples start before byte offset {offset}",
-    )
+
+    def __init__(self, url: str, offset: int, sample_no: int) -> None:
+        self.url, self.offset, self.sample_no = url, offset, sample_no
+
+    def refuse(self, why: str) -> InvalidStateError:
+        return InvalidStateError(
+            "cursor",
+            f"[the byte offset where a sample starts, its sample number] in {self.url}",
+            [self.offset, self.sample_no],
+            note=f"byte offset {self.offset}: {why}: the cursor was moved, or the file changed",
+        )
+
+    def check_offset(self) -> None:
+        """Refuse an offset no header can be at, before the file is opened."""
+        if self.offset < 0 or self.sample_no < 0:
+            raise self.refuse("a negative offset or sample number")
+        if self.offset == 0:  # only sample 0 can start at the archive's first byte
+            raise self.refuse(f"sample {self.sample_no} cannot start at the archive's start")
+        if self.offset % BLOCK:
+            raise self.refuse(f"not a multiple of {BLOCK} (tar headers start at one)")
+
+    def check_header(self, walker: _TarWalker) -> None:
+        """Read the block at the cursor (kept for the walker): a valid header it may read."""
+        buf = read_full(walker.f, BLOCK)
+        if len(buf) < BLOCK:
+            raise self.refuse("past the end of the archive")
+        if buf == bytes(BLOCK):
+            raise self.refuse("a zero block (the end-of-archive marker, or damage) is there")
+        try:
+            info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+        except tarfile.HeaderError as error:
+            raise self.refuse(f"no tar header there ({error})") from None
+        if info.type not in _STARTS:
+            raise self.refuse(f"the header of {info.name!r}, which is no regular file")
+        walker.pending = buf
+
+    def check_member(self, member: _Field | None) -> None:
+        """The first sample field read from the cursor must be the member there."""
+        if member is None or member[0].offset != self.offset:
+            found = "no" if member is None else "the header of a member that is no"
+            raise self.refuse(f"{found} sample field (a file named key.field)")
+
+
+# Headers a sample's first member can start with: its own, a GNU long name, a pax header.
+_STARTS = (*_REGULAR, tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)
 
 
 def _padded(size: int) -> int:
