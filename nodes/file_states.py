@@ -30,6 +30,7 @@ from nodes.state_checks import (
 from nodes.storage import SourceFile
 
 _TAR_BLOCK = 512
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which text readers skip
 
 
 def check_listing(files: FileSet, state: dict[str, Any], path: str) -> None:
@@ -151,6 +152,10 @@ def _line_cursor(fmt: LineFormat, source: SourceFile, cursor: Any, path: str) ->
         )
     if offset == data_start:
         return
+    if offset == len(_BOM) and getattr(fmt, "strips_bom", False):
+        with source.open(0) as f:
+            if f.read(len(_BOM)) == _BOM:
+                return  # the first record, after a byte order mark
     with source.open(offset - 1) as f:
         before = f.read(1)
     if not before:

@@ -190,8 +190,6 @@ class RepeatNode(Node):
         self._yielded = False if state is None else bool(state["yielded"])
         self._scope.tag = self._round
         self._done = self._times is not None and self._round >= self._times
-        if state is not None and not self._yielded:
-            self._check_round_start(state[UPSTREAM])
         self._up.reset(None if state is None else state[UPSTREAM])
         self._src = iter(self._up)
 
@@ -212,15 +210,6 @@ class RepeatNode(Node):
 
     def state_dict(self) -> State:
         return {"round": self._round, "yielded": self._yielded, UPSTREAM: self._up.state_dict()}
-
-    def _check_round_start(self, saved: Any) -> None:
-        # "Nothing yielded in this round" ends the repetition at the round's end, so it
-        # must mean the round has not started: else the rounds after it would be lost.
-        self._up.reset(None)
-        if self._up.state_dict() != saved:
-            raise InvalidStateError(
-                "yielded", "true (the round has started: its input is past its start)", False
-            )
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         expect_keys(state, path, {"round", "yielded", UPSTREAM})

@@ -533,6 +533,22 @@ def test_a_byte_cursor_past_the_end_or_moved_names_the_url_offset_and_size(root:
         assert message in str(error.value) and str(offset) in str(error.value)
 
 
+def test_a_cursor_at_the_first_record_after_a_byte_order_mark_is_valid(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    lines = b"".join(b'{"a": %d}\n' % i for i in range(9))
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"a": 1\n' + lines)
+    pipe = dp.files(str(path)).read_jsonl(block_size=64)
+    loader = dp.Loader(pipe)
+    with pytest.raises(dp.BadRecordError, match="line 1"):
+        next(iter(loader))
+    state = loader.state_dict()  # the cursor of the bad record: byte 3, after the mark
+    assert json.loads(state["ranks"]["0"]["node"])["cursor"][0] == 3
+    resumed = dp.Loader(pipe)
+    resumed.load_state_dict(state)  # valid: the same bad record is met again
+    with pytest.raises(dp.BadRecordError, match="line 1"):
+        next(iter(resumed))
+
+
 @pytest.mark.parametrize("name", ["range", "buffer_shuffle", "read_jsonl", "workers"])
 def test_inspect_refuses_exactly_what_the_loader_refuses(root: str, name: str) -> None:
     recipe = (dp.range(40), {"num_workers": 2}, 9) if name == "workers" else zoo(root)[name]
