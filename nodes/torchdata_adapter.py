@@ -160,20 +160,21 @@ _MAIN_KEYS = (
 
 
 def check_dataloader_state(
-    state: Any, num_workers: int, snapshot_every: int, path: str
+    state: Any, num_workers: int, snapshot_every: int, path: str, *, max_replay: int = 0
 ) -> list[tuple[int, Any, str]]:
     """``(worker id, dataset state, its path)`` for each worker of a StatefulDataLoader state,
     after refusing (:class:`nodes.errors.InvalidStateError`, naming the path) a state that
     is not torchdata's layout for ``num_workers`` workers snapshotting every
     ``snapshot_every`` items: a snapshot missing or ``None`` for a worker, a worker id out of
-    range, a count that is no int >= 0 or is past the snapshot interval, an unknown key.
+    range, a count that is no int >= 0 or is past the snapshot interval (or ``max_replay``
+    items after a snapshot, when larger), an unknown key.
     """
     from nodes.errors import InvalidStateError
     from nodes.state_checks import at, check_int, expect_bool, expect_int, expect_keys
 
     expect_keys(state, path, {SNAPSHOT, STEPS_SINCE_SNAPSHOT, ITERATOR_FINISHED})
     # Snapshots are taken every `snapshot_every` items: the replay after one is shorter.
-    expect_int(state, STEPS_SINCE_SNAPSHOT, path, 0, snapshot_every - 1)
+    expect_int(state, STEPS_SINCE_SNAPSHOT, path, 0, max(snapshot_every - 1, max_replay))
     finished = state.get(ITERATOR_FINISHED)
     if finished is not False:  # an ended epoch is saved as {"ended": true}, without this
         raise InvalidStateError(at(path, ITERATOR_FINISHED), "false (a running epoch)", finished)

@@ -15,11 +15,20 @@ from nodes.state_checks import at, expect_bool, expect_keys
 
 
 def validate_workers_state(
-    dataset: Any, num_workers: int, epoch: int, state: Any, path: str, *, snapshot_every: int
+    dataset: Any,
+    num_workers: int,
+    epoch: int,
+    state: Any,
+    path: str,
+    *,
+    snapshot_every: int,
+    max_replay: int = 0,
 ) -> None:
     """Refuse a :class:`nodes.WorkerStreamNode` state its workers could not resume exactly.
 
-    ``dataset`` (a :class:`datapipes.TorchDataset`) checks each worker's part.
+    ``dataset`` (a :class:`datapipes.TorchDataset`) checks each worker's part;
+    ``max_replay``: the most items a state may replay after its snapshot, when more
+    than the snapshot interval allows (a state rebuilt after a worker died).
     """
     expect_keys(state, path, {"ended"}, optional={"dataloader"})
     if expect_bool(state, "ended", path):
@@ -28,7 +37,7 @@ def validate_workers_state(
     expect_keys(state, path, {"ended", "dataloader"})
     where = at(path, "dataloader")
     checked = torchdata.check_dataloader_state(
-        state["dataloader"], num_workers, snapshot_every, where
+        state["dataloader"], num_workers, snapshot_every, where, max_replay=max_replay
     )
     step = torchdata.snapshot_summary(state["dataloader"])["snapshot_step"]
     for worker_id, dataset_state, place in checked:

@@ -308,7 +308,13 @@ class WorkerStreamNode(Node):
 
         every = self._options.get("snapshot_every_n_steps", SNAPSHOT_EVERY)
         validate_workers_state(
-            self._dataset, self._num_workers, self._epoch(), state, path, snapshot_every=every
+            self._dataset,
+            self._num_workers,
+            self._epoch(),
+            state,
+            path,
+            snapshot_every=every,
+            max_replay=SNAPSHOT_EVERY - 1,  # a state rebuilt from the last good one (_position)
         )
 
     def close(self) -> None:
