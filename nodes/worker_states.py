@@ -43,14 +43,18 @@ def validate_workers_state(
     for worker_id, dataset_state, place in checked:
         # Workers take turns from worker 0: by the snapshot, one asked for an item has a
         # position; one without would start its share again (its items repeated).
-        if step > worker_id and isinstance(dataset_state, dict) and dataset_state.get(
-            "node", MISSING
-        ) is None:
+        asked = step > worker_id
+        if dataset_state is not None and not isinstance(dataset_state, dict):
+            raise InvalidStateError(place, "a dict (the worker's state)", dataset_state)
+        if not dataset_state and not asked:
+            continue  # {} or None: a worker that had sent no state yet starts its share
+        if asked and (not dataset_state or dataset_state.get("node", MISSING) is None):
+            where = at(place, "node") if dataset_state else place
             raise InvalidStateError(
-                at(place, "node"),
+                where,
                 f"worker {worker_id}'s position (it had been asked for items by the snapshot "
                 f"at item {step})",
-                None,
+                dataset_state.get("node") if dataset_state else dataset_state,
             )
         ended = torchdata.fetcher_ended(state["dataloader"], worker_id)
         dataset.validate_state(dataset_state, worker_id, num_workers, epoch, place, ended=ended)
