@@ -5,6 +5,7 @@ A Loader state is plain data (json and ``torch.load(weights_only=True)`` safe)::
     {"version": 4, "fingerprint": "...", "steps": [...], "seed": 0,
      "topology": {"world_size": 2, "num_workers": 4, "even_batches": True},
      "ranks": {"1": {"epoch": 3, "node": "<this rank's node states, as JSON>",
+                     "digest": "<16 hex digits of the node JSON's sha256>",
                      "graph": "<the shape of this rank's built graph, as JSON>"}}}
 
 What all ranks share sits at the top; each rank's position sits under its own
@@ -13,6 +14,14 @@ same before and after a checkpoint is loaded, and in a
 ``torch.distributed.checkpoint`` save every rank writes its own position under
 its own key (the shared keys are identical on all ranks). States of several
 ranks can be merged into one ``ranks`` dict.
+
+``"digest"`` (:func:`node_digest`) guards the node states against damage
+after the save: a flipped bit, an edit, a truncated or spliced string. A
+position moved to another valid position cannot be told from a real one by
+looking at it, so without the digest such damage would resume quietly at the
+wrong place; with it the state is refused. (It is a checksum, not a
+signature: whoever edits a state on purpose can recompute it, and then the
+node states' own checks, ``Node.validate_state``, are what stands.)
 
 ``"graph"`` (:func:`graph_record`, recorded once per Loader, ``None`` before
 its graph was first built) says which node took each level of the node states:
@@ -38,7 +47,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from datapipes.checkpoint_schema import check_envelope, node_state, rank_path
+from datapipes.checkpoint_schema import check_envelope, node_digest, node_state, rank_path
 from nodes import Context, Node
 from nodes.errors import InvalidStateError, StateMismatchError  # noqa: F401 - re-exported
 from nodes.even import EvenBatchesNode
@@ -92,6 +101,7 @@ def make_state(
     ``node`` is the rank's node state (``None``: at the start of ``epoch``);
     ``graph`` the JSON text of its :func:`graph_record` (``None``: not built yet).
     """
+    text = None if node is None else json.dumps(node, separators=(",", ":"))
     return {
         "version": STATE_VERSION,
         "fingerprint": fingerprint,
@@ -101,7 +111,8 @@ def make_state(
         "ranks": {
             str(rank): {
                 "epoch": epoch,
-                "node": None if node is None else json.dumps(node, separators=(",", ":")),
+                "node": text,
+                "digest": None if text is None else node_digest(text),
                 "graph": graph,
             }
         },

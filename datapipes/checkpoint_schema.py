@@ -14,6 +14,7 @@ nodes.errors.InvalidStateError: invalid state at seed: expected an int ...
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -56,17 +57,46 @@ def check_envelope(state: dict[str, Any]) -> None:
 
 
 def check_rank(rank: Any, mine: Any, world_size: int) -> None:
-    """Refuse a rank's entry of ``ranks`` that is not ``{"epoch", "node", "graph"}`` as made."""
+    """Refuse a rank's entry of ``ranks`` that is not ``{"epoch", "node", "digest", "graph"}``
+    as made, or whose node states do not match their digest."""
     path = rank_path(rank)
     if not isinstance(rank, str) or not rank.isdigit() or str(int(rank)) != rank:
         raise InvalidStateError(path, 'a rank written as a string ("0")', rank)
     check_int(int(rank), path, 0, world_size - 1)
-    expect_keys(mine, path, {"epoch", "node"}, optional={"graph"})
+    expect_keys(mine, path, {"epoch", "node", "digest"}, optional={"graph"})
     expect_int(mine, "epoch", path)
+    check_digest(mine["node"], mine["digest"], f"{path}.digest")
     node_state(mine["node"], f"{path}.node")
     graph = mine.get("graph")
     if graph is not None and not isinstance(graph, str):
         raise InvalidStateError(f"{path}.graph", "null or the graph record's JSON text", graph)
+
+
+def node_digest(text: str) -> str:
+    """The checksum a rank's entry keeps of its node JSON text: 16 hex digits of its sha256.
+
+    >>> node_digest('{"position":4}')
+    '82a691337ed143b5'
+    """
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_digest(text: Any, digest: Any, path: str) -> None:
+    """Refuse node JSON text that no longer matches the digest saved with it."""
+    if text is None:
+        if digest is not None:
+            raise InvalidStateError(path, "null, as the node states are null", digest)
+        return
+    if not isinstance(text, str):
+        return  # node_state names the problem
+    if not isinstance(digest, str) or digest != node_digest(text):
+        raise InvalidStateError(
+            path,
+            f"{node_digest(text)!r}, the digest of the node states as found",
+            digest,
+            note="the node states were changed or damaged after the save; resume from "
+            "another checkpoint",
+        )
 
 
 def node_state(text: Any, path: str) -> dict[str, Any] | None:

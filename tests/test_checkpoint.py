@@ -44,7 +44,8 @@ def test_each_rank_entry_holds_epoch_node_and_the_graph_made_once():
     loader = dp.Loader(pipe, seed=1)
     fresh = loader.state_dict()
     assert fresh["version"] == checkpoint.STATE_VERSION == 4
-    assert fresh["ranks"] == {"0": {"epoch": 0, "node": None, "graph": None}}  # not built yet
+    unbuilt = {"epoch": 0, "node": None, "digest": None, "graph": None}  # not built yet
+    assert fresh["ranks"] == {"0": unbuilt}
 
     list(islice(loader, 3))
     first, second = loader.state_dict(), loader.state_dict()

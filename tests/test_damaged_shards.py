@@ -24,6 +24,7 @@ import pytest
 from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
 
 import datapipes as dp
+from datapipes.checkpoint_schema import node_digest
 from nodes import Context
 from nodes.errors import InvalidStateError
 from nodes.files import FileSet
@@ -301,6 +302,7 @@ def test_a_moved_tar_cursor_is_an_invalid_state(tmp_path: Path):
     offset, number = node["cursor"]
     node["cursor"] = [offset + 512, number]  # not where a sample starts
     state["ranks"]["0"]["node"] = json.dumps(node)
+    state["ranks"]["0"]["digest"] = node_digest(state["ranks"]["0"]["node"])
     fresh = dp.Loader(pipe)
     with pytest.raises(dp.StateMismatchError, match="cursor"):
         fresh.load_state_dict(state)
@@ -517,6 +519,7 @@ def test_corrupt_loss_counts_in_a_state_are_refused(tmp_path: Path, lost: Any):
     assert node["skipped"] == 1 and node["lost"][:2] == [0, 1]
     node["lost"] = lost
     state["ranks"]["0"]["node"] = json.dumps(node)
+    state["ranks"]["0"]["digest"] = node_digest(state["ranks"]["0"]["node"])
     fresh = dp.Loader(pipe)
     with pytest.raises(InvalidStateError, match="lost"):
         fresh.load_state_dict(state)

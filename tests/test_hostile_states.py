@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 import datapipes as dp
+from datapipes.checkpoint_schema import node_digest
 from datapipes.inspect import describe_checkpoint
 from datapipes.inspect.cli import check_recipe
 from nodes import UPSTREAM, Node
@@ -336,8 +337,12 @@ def node_mutations(state: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, 
 
 
 def _with_node(state: dict[str, Any], rank: str, text: Any) -> dict[str, Any]:
+    """``state`` with other node text, its digest recomputed (as a hostile writer would), so
+    that the node states' own checks are what is tested; ``test_node_digest`` covers the
+    digest itself."""
     mutated = copy.deepcopy(state)
     mutated["ranks"][rank]["node"] = text
+    mutated["ranks"][rank]["digest"] = node_digest(text) if isinstance(text, str) else None
     return mutated
 
 
@@ -482,7 +487,8 @@ def test_a_refused_state_leaves_a_running_epoch_alone() -> None:
     items = iter(loader)
     head = [next(items) for _ in range(10)]
     state = loader.state_dict()
-    mine = {**state["ranks"]["0"], "epoch": 5, "node": json.dumps({"position": 999})}
+    text = json.dumps({"position": 999})
+    mine = {**state["ranks"]["0"], "epoch": 5, "node": text, "digest": node_digest(text)}
     with pytest.raises(dp.InvalidStateError, match="position"):
         loader.load_state_dict({**state, "ranks": {"0": mine}})
     assert head + list(items) == full
@@ -622,3 +628,61 @@ def test_zz_print_cases_per_category() -> None:
     ]
     print("\nhostile states, cases per category:\n" + "\n".join(lines))
     assert not any(TALLY[(category, "FAILED")] for category in categories)
+
+
+# ----- the node states' digest ----------------------------------------------------------------
+
+
+def _not_third(x: int) -> bool:
+    return x % 3 != 0
+
+
+def _digest_loader() -> dp.Loader:
+    return dp.Loader(dp.range(100).shuffle().filter(_not_third).batch(4), seed=1)
+
+
+def _mid_epoch_state() -> dict[str, Any]:
+    loader = _digest_loader()
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    return loader.state_dict()
+
+
+def _damaged(state: dict[str, Any], text: Any) -> dict[str, Any]:
+    """``state`` with other node text and the digest saved with the original (damage)."""
+    damaged = copy.deepcopy(state)
+    damaged["ranks"]["0"]["node"] = text
+    return damaged
+
+
+def test_node_digest_refuses_any_change_to_the_saved_node_states():
+    state = _mid_epoch_state()
+    text = state["ranks"]["0"]["node"]
+    moved = text.replace('"position":', '"position":1', 1)  # another valid-looking number
+    flipped = text[:-3] + chr(ord(text[-3]) ^ 1) + text[-2:]
+    for damaged in [moved, flipped, text[: len(text) // 2], text + " ", text.replace(":", ": ")]:
+        assert damaged != text
+        with pytest.raises(dp.InvalidStateError, match=r'ranks\["0"\]\.digest') as caught:
+            _digest_loader().load_state_dict(_damaged(state, damaged))
+        assert "changed or damaged after the save" in str(caught.value)
+
+
+@pytest.mark.parametrize("digest", [None, "", 0, "0" * 16, ["x"]])
+def test_a_missing_or_wrong_digest_is_refused(digest):
+    bad = copy.deepcopy(_mid_epoch_state())
+    bad["ranks"]["0"]["digest"] = digest
+    with pytest.raises(dp.InvalidStateError, match="digest"):
+        _digest_loader().load_state_dict(bad)
+    del bad["ranks"]["0"]["digest"]
+    with pytest.raises(dp.InvalidStateError, match="digest"):
+        _digest_loader().load_state_dict(bad)
+
+
+def test_a_state_at_an_epoch_start_has_no_digest_and_refuses_one():
+    state = dp.Loader(dp.range(10), seed=0).state_dict()
+    assert state["ranks"]["0"]["node"] is None and state["ranks"]["0"]["digest"] is None
+    bad = copy.deepcopy(state)
+    bad["ranks"]["0"]["digest"] = "0" * 16
+    with pytest.raises(dp.InvalidStateError, match="digest"):
+        dp.Loader(dp.range(10), seed=0).load_state_dict(bad)
