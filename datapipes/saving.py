@@ -92,11 +92,14 @@ def load_checkpoint(
     ``path``; a missing file raises ``FileNotFoundError`` (so "no checkpoint yet"
     can be told apart). fsspec URLs take ``storage_options``.
 
-    >>> import tempfile, datapipes as dp
+    >>> import pathlib, tempfile, datapipes as dp
     >>> with tempfile.TemporaryDirectory() as folder:
     ...     dp.save_checkpoint({"epoch": 3}, f"{folder}/ckpt.pt")
-    ...     dp.load_checkpoint(f"{folder}/ckpt.pt")
-    {'epoch': 3}
+    ...     whole = pathlib.Path(f"{folder}/ckpt.pt").read_bytes()
+    ...     _ = pathlib.Path(f"{folder}/cut.pt").write_bytes(whole[: len(whole) // 2])
+    ...     dp.load_checkpoint(f"{folder}/cut.pt")  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    RuntimeError: .../cut.pt is not a complete checkpoint
     """
     text = os.fspath(path)
     if "://" in text or "::" in text:
