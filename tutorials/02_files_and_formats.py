@@ -362,6 +362,16 @@ assert kept == [1, 3, 5] and list(lines_loader.skipped().values()) == [2]
 assert len(samples) == 8 and sorted(images_loader.skipped().values()) == [1, 1]
 assert len(caught) == 3
 
+# `skipped()` counts one per lost file, whatever it held; `losses()` says what
+# was lost, step by step: records (where the format can count them), whole
+# files, files lost from some offset on ("ranges"), and the bytes not read.
+losses = images_loader.losses()  # keyed like skipped(): by each step's recipe
+reader_losses = next(v for step, v in losses.items() if step.endswith("read_tar(on_error='skip')"))
+decode_losses = next(v for step, v in losses.items() if step.endswith("decode(on_error='skip')"))
+print("read_tar lost:", reader_losses, "decode lost:", decode_losses)
+assert reader_losses["files"] == 1 and reader_losses["records"] == 0  # missing.tar, whole
+assert decode_losses["records"] == 1 and decode_losses["files"] == 0  # the bad png
+
 # %% [markdown]
 # The counts are part of the checkpoint: a Loader resumed after the bad line
 # still reports it, and counts nothing twice.

@@ -17,6 +17,7 @@
 # Run `python tutorials/05_checkpoint_and_resume.py`; it asserts what it shows.
 
 # %%
+import copy
 import inspect
 import json
 import shutil
@@ -326,6 +327,25 @@ except dp.StateMismatchError as error:
     assert f"seed={SEED}" in str(error)
 else:
     raise AssertionError("a checkpoint must not load into a Loader with another seed")
+
+# %% [markdown]
+# A state that was damaged after the save (a flipped bit, a hand edit, a
+# truncated file that still parsed) is refused before anything is read:
+# `dp.InvalidStateError` (a `StateMismatchError`) names the place inside the
+# state and what belongs there, and the Loader keeps the position it had.
+
+# %%
+damaged = copy.deepcopy(data_state)
+rank_entry = next(iter(damaged["ranks"].values()))
+rank_entry["node"] = rank_entry["node"].replace("1", "2", 1)  # one digit changed
+assert rank_entry["node"] != next(iter(data_state["ranks"].values()))["node"]
+try:
+    dp.Loader(make_recipe(str(folder)), seed=SEED).load_state_dict(damaged)
+except dp.InvalidStateError as error:
+    print(error)
+    assert "digest" in error.path
+else:
+    raise AssertionError("a damaged state must be refused")
 
 # %% [markdown]
 # ## The same with worker processes
