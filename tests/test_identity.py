@@ -33,8 +33,8 @@ def take_two_epochs(pipe):
     return [list(loader), list(loader)]
 
 
-class Renamed(SeededDraws):  # SeededDraws under another name
-    pass
+class Renamed(SeededDraws):
+    """SeededDraws under another name."""
 
 
 RENAMED = [

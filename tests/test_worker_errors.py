@@ -694,8 +694,8 @@ def test_a_bad_record_read_in_a_worker_is_caught_as_bad_record_error(tmp_path, n
 
 @pytest.mark.slow
 def test_an_exception_type_the_main_process_cannot_rebuild_becomes_a_runtime_error_naming_it():
-    class MadeInAFunction(Exception):  # no module attribute: pickle cannot name it
-        pass
+    class MadeInAFunction(Exception):
+        """Defined in a function: no module attribute, so pickle cannot name it."""
 
     def fail(x: int) -> int:
         if x == 3:
