@@ -18,6 +18,7 @@ from nodes.errors import (
     skip_counts,
 )
 from nodes.handover import inline_small_tensors
+from nodes.state_checks import expect_equal, expect_int, expect_keys
 from nodes.stats import graph_stats
 from nodes.worker_errors import carry
 
@@ -116,8 +117,14 @@ class TorchDataset(torch.utils.data.IterableDataset):
         ctx = self._context()
         pending, self._pending = self._pending, None
         if pending is not None:
+            # Checked before anything reads it, as a Loader checks its states: a hostile or
+            # damaged state is an InvalidStateError naming the place, never a raw KeyError.
+            keys = {"epoch", "consumer", "node", "skipped"}
+            expect_keys(pending, "state", keys, optional={"stats", "losses"})
+            expect_int(pending, "epoch", "state", 0)
             self._check_consumer(pending, ctx)
-            ctx.epoch = int(pending["epoch"])
+            ctx.epoch = pending["epoch"]
+            self.validate_state(pending, ctx.worker_id, ctx.num_workers, ctx.epoch, "state")
         elif self._last_epoch is not None:
             ctx.epoch = self._last_epoch + 1
         else:
@@ -205,8 +212,6 @@ class TorchDataset(torch.utils.data.IterableDataset):
         """Refuse (:class:`nodes.errors.InvalidStateError`) a state of worker ``worker_id``
         that it could not resume: checked against the graph that worker builds, here.
         ``ended``: the worker had run out, which its graph, resumed, must confirm."""
-        from nodes.state_checks import expect_equal, expect_int, expect_keys
-
         expect_keys(
             state, path, {"epoch", "consumer", "node", "skipped"}, optional={"stats", "losses"}
         )

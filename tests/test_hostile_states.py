@@ -686,3 +686,45 @@ def test_a_state_at_an_epoch_start_has_no_digest_and_refuses_one():
     bad["ranks"]["0"]["digest"] = "0" * 16
     with pytest.raises(dp.InvalidStateError, match="digest"):
         dp.Loader(dp.range(10), seed=0).load_state_dict(bad)
+
+
+# ----- a TorchDataset in the user's own DataLoader ----------------------------------------------
+
+
+def _dataset_state() -> tuple[Any, dict[str, Any]]:
+    """A pass of a TorchDataset 5 items in (its iterator), and its state there."""
+    dataset = dp.range(30).filter(_not_third).shuffle(buffer_size=4).as_torch_dataset(seed=2)
+    items = iter(dataset)
+    for _ in range(5):
+        next(items)
+    return items, dataset.state_dict()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda s: s.pop("node"), id="no node"),
+        pytest.param(lambda s: s.pop("consumer"), id="no consumer"),
+        pytest.param(lambda s: s.update(epoch="0"), id="epoch a string"),
+        pytest.param(lambda s: s.update(epoch=-1), id="negative epoch"),
+        pytest.param(lambda s: s.update(extra=1), id="extra key"),
+        pytest.param(lambda s: s.update(skipped=None), id="skipped None"),
+        pytest.param(lambda s: s["node"].update(slots=[-1, 0, 0, 0]), id="bad slots"),
+    ],
+)
+def test_a_torch_dataset_refuses_a_hostile_state_by_path(change):
+    _, state = _dataset_state()
+    bad = copy.deepcopy(state)
+    change(bad)
+    fresh = dp.range(30).filter(_not_third).shuffle(buffer_size=4).as_torch_dataset(seed=2)
+    fresh.load_state_dict(bad)
+    with pytest.raises(dp.InvalidStateError, match=r"state"):
+        next(iter(fresh))
+
+
+def test_a_torch_dataset_still_resumes_exactly_from_a_good_state():
+    items, state = _dataset_state()
+    rest = list(items)  # the uninterrupted rest of the pass
+    fresh = dp.range(30).filter(_not_third).shuffle(buffer_size=4).as_torch_dataset(seed=2)
+    fresh.load_state_dict(state)
+    assert list(fresh) == rest
