@@ -114,16 +114,22 @@ class _Handler(SimpleHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes */{size}")
             self.end_headers()
             return
+        body = self.start_partial_content(path, start, end, str(size))
+        self.wfile.write(body)
+
+    def start_partial_content(self, path: str, start: int, end: int, total: str) -> bytes:
+        """Send the 206 headers of bytes ``start..end`` of ``path`` (of ``total``, or ``*``)
+        and return those bytes, for the caller to send as it likes (whole, cut, stalled)."""
         with open(path, "rb") as f:
             f.seek(start)
             body = f.read(end - start + 1)
         self.send_response(206)
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{total}")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
-        self.wfile.write(body)
+        return body
 
     def end_headers(self) -> None:
         if self.server_state.announce_no_ranges:

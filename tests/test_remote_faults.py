@@ -92,14 +92,7 @@ class _FaultyHandler(_Handler):
         """Announce the whole range, send half of it, then send nothing (until released)."""
         path = self.translate_path(self.path)
         start, end = (int(x or 0) for x in self.headers["Range"][6:].split("-"))
-        with open(path, "rb") as f:
-            f.seek(start)
-            body = f.read(end - start + 1)
-        self.send_response(206)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/*")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
+        body = self.start_partial_content(path, start, end, "*")
         try:
             self.wfile.write(body[: len(body) // 2])
             self.wfile.flush()
