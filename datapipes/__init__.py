@@ -7,6 +7,7 @@
 """
 
 from datapipes.combine import concat, mix, zip
+from datapipes.elastic import merge_states
 from datapipes.files import FileList, files
 from datapipes.loader import InvalidStateError, Loader, StateMismatchError
 from datapipes.pipe import DataPipe
@@ -16,6 +17,7 @@ from datapipes.stats import PipelineStats, StepStats
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from nodes.collate import default_collate, no_collate
+from nodes.elastic import ElasticResumeError
 from nodes.errors import BadRecordError, BadRecordWarning
 from nodes.even import UnevenDataWarning
 from nodes.workers import WorkerDiedError
@@ -24,6 +26,7 @@ __all__ = [
     "BadRecordError",
     "BadRecordWarning",
     "DataPipe",
+    "ElasticResumeError",
     "FileList",
     "InvalidStateError",
     "Loader",
@@ -40,6 +43,7 @@ __all__ = [
     "from_iterable",
     "from_sequence",
     "load_checkpoint",
+    "merge_states",
     "mix",
     "no_collate",
     "range",

@@ -95,27 +95,31 @@ def make_state(
     epoch: int,
     node: Any,
     graph: str | None = None,
+    plans: str | None = None,
 ) -> dict[str, Any]:
     """A Loader state (the layout in the module doc) for ``rank`` at ``epoch``.
 
     ``node`` is the rank's node state (``None``: at the start of ``epoch``);
-    ``graph`` the JSON text of its :func:`graph_record` (``None``: not built yet).
+    ``graph`` the JSON text of its :func:`graph_record` (``None``: not built yet);
+    ``plans`` the JSON text of its consumers' shares of ``epoch`` after a resume on
+    another topology (see :mod:`datapipes.elastic`).
     """
     text = None if node is None else json.dumps(node, separators=(",", ":"))
+    entry: dict[str, Any] = {
+        "epoch": epoch,
+        "node": text,
+        "digest": None if text is None else node_digest(text),
+        "graph": graph,
+    }
+    if plans is not None:
+        entry["plans"] = {"text": plans, "digest": node_digest(plans)}
     return {
         "version": STATE_VERSION,
         "fingerprint": fingerprint,
         "steps": list(steps),
         "seed": seed,
         "topology": topology,
-        "ranks": {
-            str(rank): {
-                "epoch": epoch,
-                "node": text,
-                "digest": None if text is None else node_digest(text),
-                "graph": graph,
-            }
-        },
+        "ranks": {str(rank): entry},
     }
 
 
@@ -305,6 +309,15 @@ def rank_position(state: dict[str, Any], rank: int) -> tuple[int, Any]:
     """``(epoch, node state or None)`` of ``rank`` in a checked ``state``."""
     mine = state["ranks"][str(rank)]
     return mine["epoch"], node_state(mine["node"], f"{rank_path(str(rank))}.node")
+
+
+def entry_plans(entry: dict[str, Any], epoch: int) -> list[Any] | None:
+    """The consumers' plans a (checked) rank entry holds for ``epoch``, or ``None``."""
+    plans = entry.get("plans")
+    if plans is None:
+        return None
+    value = json.loads(plans["text"])
+    return value["consumers"] if value["epoch"] == epoch else None
 
 
 def node_path(rank: int) -> str:

@@ -63,13 +63,39 @@ def check_rank(rank: Any, mine: Any, world_size: int) -> None:
     if not isinstance(rank, str) or not rank.isdigit() or str(int(rank)) != rank:
         raise InvalidStateError(path, 'a rank written as a string ("0")', rank)
     check_int(int(rank), path, 0, world_size - 1)
-    expect_keys(mine, path, {"epoch", "node", "digest"}, optional={"graph"})
+    expect_keys(mine, path, {"epoch", "node", "digest"}, optional={"graph", "plans"})
     expect_int(mine, "epoch", path)
     check_digest(mine["node"], mine["digest"], f"{path}.digest")
     node_state(mine["node"], f"{path}.node")
+    if "plans" in mine:
+        check_plans(mine["plans"], f"{path}.plans")
     graph = mine.get("graph")
     if graph is not None and not isinstance(graph, str):
         raise InvalidStateError(f"{path}.graph", "null or the graph record's JSON text", graph)
+
+
+def check_plans(plans: Any, path: str) -> None:
+    """Refuse a rank's ``"plans"`` (its consumers' shares after a topology change) that is
+    not ``{"text": JSON, "digest": its digest}`` with an epoch and one plan per consumer."""
+    expect_keys(plans, path, {"text", "digest"})
+    check_digest(plans["text"], plans["digest"], f"{path}.digest")
+    value = node_state(plans["text"], f"{path}.text")
+    if value is None:
+        raise InvalidStateError(f"{path}.text", "the plans' JSON text", None)
+    expect_keys(value, f"{path}.text", {"epoch", "consumers"})
+    expect_int(value, "epoch", f"{path}.text")
+    consumers = value["consumers"]
+    if (
+        not isinstance(consumers, list)
+        or not consumers
+        or not all(
+            isinstance(plan, dict) and all(isinstance(p, list) for p in plan.values())
+            for plan in consumers
+        )
+    ):
+        raise InvalidStateError(
+            f"{path}.text.consumers", "one plan ({source: [pieces]}) per consumer", consumers
+        )
 
 
 def node_digest(text: str) -> str:

@@ -27,6 +27,7 @@ class EvenBatchesPolicy:
     """
 
     __slots__ = (
+        "_deal",
         "_requested",
         "_pipe",
         "_topology",
@@ -51,6 +52,7 @@ class EvenBatchesPolicy:
         self._on: bool | None = None  # pinned once decided
         self._agreement: RankAgreement | None = None  # made at the first epoch, then kept
         self._group: Any = _UNSET  # the ranks' process group, made once when first needed
+        self._deal: tuple[int, list[Any]] | None = None  # see set_deal
 
     @property
     def value(self) -> bool:
@@ -85,6 +87,10 @@ class EvenBatchesPolicy:
             self._group = _gloo_group()
         return self._group
 
+    def set_deal(self, deal: tuple[int, list[Any]] | None) -> None:
+        """Count the epoch of a resume on another topology from every consumer's plan."""
+        self._deal = deal
+
     def wrap(self, root: Node[Any], epoch: Callable[[], int]) -> Node[Any]:
         """``root`` made even across ranks when the policy is on (``epoch``: the running one).
 
@@ -95,7 +101,12 @@ class EvenBatchesPolicy:
             return root
         if self._agreement is None:  # once: under NCCL it makes a gloo group
             self._agreement = even_batches_agreement(
-                self._pipe, self._topology, self._num_workers, self._seed, self.group()
+                self._pipe,
+                self._topology,
+                self._num_workers,
+                self._seed,
+                self.group(),
+                lambda: self._deal,
             )
         return EvenBatchesNode(root, self._agreement, rank=self._topology.rank, epoch=epoch)
 
@@ -123,15 +134,22 @@ def even_batches_on(even_batches: bool | None, topology: Topology) -> bool | Non
 
 
 def even_batches_agreement(
-    pipe: DataPipe[Any], topology: Topology, num_workers: int, seed: int, group: Any
+    pipe: DataPipe[Any],
+    topology: Topology,
+    num_workers: int,
+    seed: int,
+    group: Any,
+    deal: Callable[[], Any] = lambda: None,
 ) -> RankAgreement:
     """How ranks agree to stop together: on ``group`` (see :meth:`EvenBatchesPolicy.group`),
-    else, with :data:`NO_GROUP`, by counting every rank's items."""
+    else, with :data:`NO_GROUP`, by counting every rank's items (``deal()``: the plans of
+    an epoch resumed on another topology)."""
     if group is not NO_GROUP:
         return CollectiveAgreement(group)
     world = topology.world_size
     return CountedAgreement(
-        lambda epoch: items_per_rank(pipe, world, num_workers, seed, epoch), topology.rank
+        lambda epoch: items_per_rank(pipe, world, num_workers, seed, epoch, deal()),
+        topology.rank,
     )
 
 
@@ -154,7 +172,12 @@ _COUNT_PRESERVING = ("map", "shuffle", "prefetch", "pin_memory", "to_device")
 
 
 def items_per_rank(
-    pipe: DataPipe[Any], world_size: int, num_workers: int, seed: int, epoch: int
+    pipe: DataPipe[Any],
+    world_size: int,
+    num_workers: int,
+    seed: int,
+    epoch: int,
+    deal: tuple[int, list[Any]] | None = None,
 ) -> list[int]:
     """How many items each rank's Loader yields in ``epoch``, computed without communication.
 
@@ -173,7 +196,19 @@ def items_per_rank(
             "move it before pin_memory()/to_device(), or initialize torch.distributed"
         )
     counts = [0] * world_size
-    for ctx in every_consumer(world_size, max(num_workers, 1), epoch=epoch, seed=seed):
+    for index, ctx in enumerate(
+        every_consumer(world_size, max(num_workers, 1), epoch=epoch, seed=seed)
+    ):
+        if deal is not None and deal[0] == epoch:  # a share dealt after a topology change
+            if deal[1][index] is None:
+                raise ValueError(
+                    "even_batches without torch.distributed counts every rank's items, but "
+                    "this rank's state holds only its own share of the resumed epoch: load "
+                    "the merged state (dp.merge_states) on every rank"
+                )
+            ctx.plans, ctx.plans_epoch = deal[1][index], epoch
+            counts[ctx.rank] += _count_by_running(worker_part, ctx)
+            continue
         known = worker_part.consumer_length(ctx)
         counts[ctx.rank] += _count_by_running(worker_part, ctx) if known is None else known
     return counts

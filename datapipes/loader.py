@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
-from datapipes import checkpoint
+from datapipes import checkpoint, elastic
 from datapipes.checkpoint import (  # noqa: F401 - re-exported
     STATE_VERSION,
     InvalidStateError,
@@ -166,6 +166,9 @@ class Loader:
         self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
         self._graph = checkpoint.GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
         self._stats = LoaderStats(self.collects_stats)
+        # After a resume on another topology: (epoch, every new consumer's plan), see
+        # datapipes.elastic; this rank's consumers read theirs during that epoch only.
+        self._deal: tuple[int, list[Any]] | None = None
 
     # ----- iteration -----------------------------------------------------------
     @property
@@ -190,7 +193,9 @@ class Loader:
             root.reset(run.resume_from)
         except StopIteration as error:  # a resume replaying past the data (never raw)
             raise InvalidStateError(
-                checkpoint.node_path(self.rank), "a position within the epoch's data", "?",
+                checkpoint.node_path(self.rank),
+                "a position within the epoch's data",
+                "?",
                 note="resuming it ran out of items",
             ) from error
         self._cursor.begin(run)  # only now: a position the graph refused stays pending
@@ -209,6 +214,7 @@ class Loader:
         # The worker plan's graph, evened across ranks, under the Loader's statistics row.
         context = self._context
         context.listings = self._listings.get(context)  # rank 0's, shared with the workers
+        self._apply_plans(context)
         root = self._even.wrap(self._runtime_pipe.build(context), lambda: context.epoch)
         return self._stats.wrap(root)
 
@@ -319,9 +325,15 @@ class Loader:
         at the top; this rank's epoch and node states sit under its own key in
         ``state["ranks"]``, so in a ``torch.distributed.checkpoint`` save every
         rank writes its own position. The layout is :mod:`datapipes.checkpoint`'s.
+        Taking it runs no collective: any subset of ranks may call it.
+        To resume on another world size or number of workers, merge every
+        rank's state with :func:`datapipes.merge_states`.
         """
         root = self._root
         epoch, node = self._cursor.position(None if root is None else root.state_dict)
+        plans = None
+        if self._deal is not None and self._deal[0] == epoch:
+            plans = elastic.plans_text(epoch, self._my_plans())
         return checkpoint.make_state(
             fingerprint=self._fingerprint,
             steps=self._steps,
@@ -331,6 +343,7 @@ class Loader:
             epoch=epoch,
             node=node,
             graph=self._graph.text(root),
+            plans=plans,
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -341,23 +354,114 @@ class Loader:
         invalid one raises :class:`datapipes.InvalidStateError` naming the path
         inside it, a foreign one :class:`datapipes.StateMismatchError`, and
         the Loader keeps its position.
+
+        **Another topology.** A state that covers every rank of its job (one
+        from :func:`datapipes.merge_states`, or any state of a one-rank job)
+        also loads into a Loader of another ``world_size`` or ``num_workers``:
+        the interrupted epoch's remaining items (those read but not delivered
+        included) are dealt to the new consumers, each exactly once, in an
+        order that may differ from the uninterrupted run's; the next epoch is
+        a fresh epoch of the new topology. A step with no exact answer (see
+        :class:`datapipes.ElasticResumeError`) is refused, naming it.
         """
         checkpoint.check_recipe_of(state, self._fingerprint, self._steps)
-        self._even.adopt(checkpoint.saved_even_batches(state))  # before it is compared
-        checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
-        epoch, node = checkpoint.rank_position(state, self.rank)
-        if node is not None:
-            self._validate_position(epoch, node)
-        self._cursor.restore(epoch, node)
-        self._graph.load(checkpoint.rank_graph(state, self.rank))
+        saved = state["topology"]
+        same = (saved["world_size"], saved["num_workers"]) == (self.world_size, self.num_workers)
+        if same and str(self.rank) in state["ranks"]:
+            self._even.adopt(checkpoint.saved_even_batches(state))  # before it is compared
+            checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
+            epoch, node = checkpoint.rank_position(state, self.rank)
+            entry = state["ranks"][str(self.rank)]
+            plans = checkpoint.entry_plans(entry, epoch)
+            deal = None
+            if plans is not None:
+                deal = (epoch, self._full_deal(state, epoch, plans))
+            if node is not None:
+                self._validate_position(epoch, node, deal)
+            self._resume(epoch, node, deal)
+            self._graph.load(checkpoint.rank_graph(state, self.rank))
+            return
+        self._load_elsewhere(state)
 
-    def _validate_position(self, epoch: int, node: dict[str, Any]) -> None:
+    def _load_elsewhere(self, state: dict[str, Any]) -> None:
+        """Resume a state of another topology: deal its epoch's remaining work here."""
+        if not elastic.covers_job(state):
+            saved = sorted(int(r) for r in state["ranks"])
+            raise StateMismatchError(
+                f"this checkpoint was taken with topology {state['topology']} and holds "
+                f"rank(s) {saved} only, but this Loader is rank {self.rank} with "
+                f"{self._topology_record()}. To resume on another world size or number of "
+                "workers, merge every rank's state first: dp.merge_states([state of rank 0, "
+                "state of rank 1, ...]) (or dp.load_dcp_states for a DCP checkpoint); or "
+                "resume with the saved topology, each rank from its own state."
+            )
+        if state["seed"] != self.seed:
+            raise StateMismatchError(
+                f"this checkpoint was taken with seed={state['seed']}, this Loader has "
+                f"seed={self.seed}; the remaining items would be others. Pass "
+                f"seed={state['seed']}."
+            )
+        epoch, work = elastic.remaining_work(self.pipe, state, self._listings.get(self._context))
+        deal = None
+        if work is not None:
+            deal = (epoch, elastic.full_deal(work, self.world_size, self.num_workers))
+        self._resume(epoch, None, deal)
+
+    def _resume(self, epoch: int, node: Any, deal: tuple[int, list[Any]] | None) -> None:
+        self._cursor.restore(epoch, node)
+        self._deal = deal
+        self._even.set_deal(deal)
+        self._apply_plans(self._context)
+
+    def _full_deal(self, state: dict[str, Any], epoch: int, plans: list[Any]) -> list[Any]:
+        """Every consumer's plan of a planned epoch: the ranks' own where the state has them
+        (a rank's state holds its own; the others' are needed only to count even batches)."""
+        per_rank = max(self.num_workers, 1)
+        deal: list[Any] = [None] * (self.world_size * per_rank)
+        for rank, entry in state["ranks"].items():
+            theirs = checkpoint.entry_plans(entry, epoch)
+            if theirs is not None:
+                deal[int(rank) * per_rank : (int(rank) + 1) * per_rank] = theirs
+        return deal
+
+    def _my_plans(self) -> list[Any]:
+        assert self._deal is not None
+        per_rank = max(self.num_workers, 1)
+        return self._deal[1][self.rank * per_rank : (self.rank + 1) * per_rank]
+
+    def _apply_plans(self, ctx: Context) -> None:
+        """Hand this rank's consumers their plans (the Loader's context, or its workers')."""
+        mine = None if self._deal is None else self._my_plans()
+        epoch = None if self._deal is None else self._deal[0]
+        ctx.plans_epoch = epoch
+        if self.num_workers:
+            ctx.plans = None
+            dataset = self._worker_dataset()
+            dataset.worker_plans, dataset.plans_epoch = mine, epoch
+        else:
+            ctx.plans = None if mine is None else mine[0]
+
+    def _worker_dataset(self) -> Any:
+        step = self._runtime_pipe
+        while not hasattr(step, "_dataset"):
+            step = step.inputs[0]
+        return step._dataset
+
+    def _validate_position(
+        self, epoch: int, node: dict[str, Any], deal: tuple[int, list[Any]] | None = None
+    ) -> None:
         # Against the graph the epoch will run, built for the saved epoch (building opens
         # nothing) apart from the Loader's own, which may be running (a prefetch thread
         # reads its context) and must stay as it is if the state is refused.
         ctx = Context(rank=self.rank, world_size=self.world_size, epoch=epoch, seed=self.seed)
         ctx.listings = self._listings.get(ctx)  # the Loader's listing: the files it reads
-        root = self._even.wrap(self._runtime_pipe.build(ctx), lambda: ctx.epoch)
+        saved_deal, self._deal = self._deal, deal
+        try:
+            self._apply_plans(ctx)
+            root = self._even.wrap(self._runtime_pipe.build(ctx), lambda: ctx.epoch)
+        finally:
+            self._deal = saved_deal
+            self._apply_plans(self._context)
         try:
             root.validate_state(node, checkpoint.node_path(self.rank))
         finally:

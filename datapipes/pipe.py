@@ -160,6 +160,8 @@ class DataPipe(Generic[T]):
         """
         ctx = Context() if ctx is None else ctx
         node = self._build(ctx)
+        if node.elastic == "source" and getattr(node, "place", None) is None:
+            node.place = ctx.place_of(self._key())  # type: ignore[attr-defined]
         if ctx.stats:
             node = StatsNode(node, self.fingerprint(), self.stats_label())
         return node

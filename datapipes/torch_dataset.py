@@ -78,6 +78,10 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # The file listings its graphs read (a Loader sets them before starting workers, so
         # no worker lists the files again); None: each copy lists for itself.
         self.listings: Listings | None = None
+        # After a resume on another topology (set by a Loader): each worker's share of the
+        # resumed epoch, see datapipes.elastic; None: every worker reads its own share.
+        self.worker_plans: list[Any] | None = None
+        self.plans_epoch: int | None = None
         self._epoch = 0
         self._last_epoch: int | None = None
         self._pending: dict[str, Any] | None = None
@@ -111,7 +115,13 @@ class TorchDataset(torch.utils.data.IterableDataset):
             stats=self.stats,
         )
         ctx.listings = self.listings
+        self._give_plan(ctx)
         return ctx
+
+    def _give_plan(self, ctx: Context) -> None:
+        plans = self.worker_plans
+        if plans is not None and ctx.worker_id < len(plans):
+            ctx.plans, ctx.plans_epoch = plans[ctx.worker_id], self.plans_epoch
 
     def __iter__(self) -> Iterator[Any]:
         ctx = self._context()
@@ -236,6 +246,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
             stats=self.stats,
         )
         ctx.listings = self.listings
+        self._give_plan(ctx)
         root = self.pipe.build(ctx)
         try:
             if state["node"] is not None:

@@ -36,6 +36,23 @@ class Context:
 
     #: The file listings this graph reads (``None``: each file list lists for itself).
     listings: Any = None
+    #: After a resume on another topology: this consumer's share of the interrupted
+    #: epoch's remaining work, ``{source place: [pieces]}`` (see :mod:`nodes.elastic`),
+    #: for epoch ``plans_epoch`` only; ``None`` otherwise.
+    plans: Any = None
+    plans_epoch: int | None = None
+
+    def plan_for(self, place: str | None) -> list[Any] | None:
+        """The pieces the source at ``place`` reads this epoch, or ``None``: its own share."""
+        plans = self.plans
+        if plans is None or self.plans_epoch != self.epoch or place is None:
+            return None
+        return plans.get(place, [])
+
+    def place_of(self, key: int) -> str:
+        """A source's place in the recipe: its step's key within the combinator branches
+        and ``repeat`` rounds it sits in (the same on every topology and epoch)."""
+        return "/".join(str(part) for part in self.random_key(key)[2:])
 
     def __init__(
         self,
@@ -128,6 +145,8 @@ class ScopedContext(Context):
     seed = property(lambda self: self._parent.seed)
     stats = property(lambda self: self._parent.stats)
     listings = property(lambda self: self._parent.listings)
+    plans = property(lambda self: self._parent.plans)
+    plans_epoch = property(lambda self: self._parent.plans_epoch)
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
         return self._parent.random_key(self.tag, *parts, seed=seed)
@@ -188,6 +207,18 @@ class Node(Iterator[T]):
     #: A short name for this kind of node, recorded with checkpoints and shown by
     #: ``python -m datapipes inspect``; a subclass that sets none is named by its class.
     kind: ClassVar[str] = "Node"
+
+    # How a resume on another topology (elastic resume) treats this node; see nodes.elastic.
+
+    #: ``"source"``: it deals data itself (and has a ``place``); ``"transparent"``: it
+    #: holds no item between two ``next`` calls and ``reset(state)`` puts its input at
+    #: the position after the last item it returned (map, filter, batch, prefetch);
+    #: ``"buffer"``: it holds items and says where they came from (:meth:`in_flight`);
+    #: ``None`` (the default, e.g. a custom node that sets nothing): a resume on another
+    #: topology is refused, naming the step.
+    elastic: ClassVar[str | None] = None
+    #: What the refusal says for a node whose ``elastic`` is ``None`` (why, what works).
+    elastic_refusal: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -252,6 +283,33 @@ class Node(Iterator[T]):
         for index, upstream in found:
             if isinstance(index, int) and 0 <= index < len(self.inputs):
                 self.inputs[index].validate_state(upstream, upstream_path(state, upstream, path))
+
+    # ----- elastic resume (see nodes.elastic); never called while the data is read ---------
+    def begin_conversion(self) -> None:
+        """Before a ``reset`` that only finds where items came from: run inline, take notes."""
+
+    def last_origin(self) -> Any:
+        """``(place, piece)`` of the source item behind the last item this node returned.
+
+        Asked by a buffer above, right after it took an item, while the graph is
+        being converted (threads inline). A transparent node asks its input.
+        """
+        if self.elastic == "transparent" and len(self.inputs) == 1:
+            return self.inputs[0].last_origin()
+        from nodes.elastic import refuse  # it imports this module
+
+        raise refuse(
+            self,
+            "feeds a step that holds items, and cannot say which source item its items came from",
+        )
+
+    def in_flight(self) -> list[Any]:
+        """``(place, piece)`` of every item this node holds (read, not yet returned)."""
+        return []
+
+    def live_inputs(self) -> tuple[Node, ...]:
+        """The inputs whose work is not done (a concat leaves out the finished ones)."""
+        return self.inputs
 
     def reset(self, state: State | None = None) -> None:
         """Start the epoch (``None``) or continue from ``state``."""

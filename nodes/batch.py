@@ -19,6 +19,7 @@ class BatchNode(Node):
     """
 
     kind = "batch"
+    elastic = "transparent"
 
     def __init__(
         self,
@@ -49,6 +50,15 @@ class BatchNode(Node):
 
     def state_dict(self) -> State:
         return self._up.state_dict()
+
+    def last_origin(self) -> Any:
+        from nodes.elastic import refuse
+
+        raise refuse(
+            self,
+            "feeds a step that holds items (a shuffle buffer, a flat_map) "
+            "with whole batches; shuffle or split items before batching them",
+        )
 
     @classmethod
     def upstream_states(cls, state: State) -> list[tuple[int, State]]:

@@ -43,6 +43,7 @@ class ConcatNode(Node):
     """
 
     kind = "concat"
+    elastic = "buffer"
 
     def __init__(self, upstreams: Sequence[Node]) -> None:
         super().__init__(*upstreams)
@@ -75,6 +76,12 @@ class ConcatNode(Node):
         current = self.inputs[index].state_dict() if index < len(self.inputs) else None
         return {"index": index, UPSTREAM: current}
 
+    def last_origin(self) -> Any:
+        return self.inputs[self._index].last_origin()
+
+    def live_inputs(self) -> tuple[Node, ...]:
+        return self.inputs[self._index :]  # the ones before are done
+
     def validate_state(self, state: Any, path: str = "node") -> None:
         expect_keys(state, path, {"index", UPSTREAM})
         index = expect_int(state, "index", path, 0, len(self.inputs))
@@ -96,6 +103,10 @@ class ZipNode(Node):
     """
 
     kind = "zip"
+    elastic_refusal = (
+        "pairs items of its inputs by their position in each consumer's share, which "
+        "another dealing would pair differently; dp.mix or dp.concat can be re-dealt"
+    )
 
     def __init__(self, upstreams: Sequence[Node]) -> None:
         super().__init__(*upstreams)
@@ -140,6 +151,7 @@ class MixNode(Node):
     """
 
     kind = "mix"
+    elastic: str | None = "buffer"  # type: ignore[misc] - but "first_exhausted": see __init__
 
     def __init__(
         self,
@@ -158,6 +170,14 @@ class MixNode(Node):
         self._seed = seed
         self._stop_rule = stop
         self._sources: list[Iterator[Any]] = []
+        self._last = 0
+        if stop == "first_exhausted":
+            self.elastic = None
+            self.elastic_refusal = (
+                '(stop="first_exhausted") ends when one input runs out on each consumer, '
+                'which is another point on another number of consumers; stop="all_exhausted" '
+                "can be re-dealt"
+            )
 
     def reset(self, state: State | None = None) -> None:
         key = self._ctx.random_key(self._key, self._ctx.consumer_index, seed=self._seed)
@@ -192,12 +212,16 @@ class MixNode(Node):
             pick = bisect_right(self._cumulative, self._draws.next() * total)
             index = self._active[min(pick, len(self._active) - 1)]
             for item in self._sources[index]:
+                self._last = index
                 return item
             self._exhausted[index] = True
             if self._stop_rule == "first_exhausted":
                 self._ended = True
             self._reweigh()
         raise StopIteration
+
+    def last_origin(self) -> Any:
+        return self.inputs[self._last].last_origin()
 
     def state_dict(self) -> State:
         return {

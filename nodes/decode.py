@@ -160,6 +160,7 @@ class DecodeNode(Node):
     """
 
     kind = "decode"
+    elastic = "transparent"
 
     def __init__(self, upstream: Node, decoder: SampleDecoder) -> None:
         super().__init__(upstream)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodes.base import Context
 from nodes.errors import InvalidStateError, StateMismatchError
-from nodes.files import FileSet, plan_units
+from nodes.files import FileSet, Unit
 from nodes.readers.lines import LineFormat
 from nodes.readers.npy import NpyFormat
 from nodes.readers.raw import BytesFormat
@@ -50,16 +49,15 @@ def check_listing(files: FileSet, state: dict[str, Any], path: str) -> None:
         )
 
 
-def validate_file_list(files: FileSet, ctx: Context, state: Any, path: str) -> None:
-    """A :class:`nodes.FileListNode` state: a position within this consumer's files."""
+def validate_file_list(files: FileSet, units: list[Unit], state: Any, path: str) -> None:
+    """A :class:`nodes.FileListNode` state: a position within this consumer's ``units``."""
     expect_keys(state, path, {"position", "listing"})
     check_listing(files, state, path)
-    mine = plan_units(files.order(ctx), ctx, splittable=False)
-    expect_int(state, "position", path, 0, len(mine))
+    expect_int(state, "position", path, 0, len(units))
 
 
 def validate_reader(
-    files: FileSet, fmt: RecordFormat, ctx: Context, state: Any, path: str
+    files: FileSet, fmt: RecordFormat, units: list[Unit], state: Any, path: str
 ) -> None:
     """A :class:`nodes.FileReaderNode` state: unit within the plan, cursor within the file."""
     keys = {"unit", "file", "part", "cursor", "index", "skipped", "listing"}
@@ -68,7 +66,6 @@ def validate_reader(
         expect_ints(state, "lost", path)
         expect_list(state, "lost", path, 4)
     check_listing(files, state, path)
-    units = plan_units(files.order(ctx), ctx, splittable=fmt.splittable)
     unit = expect_int(state, "unit", path, 0, len(units))
     expect_int(state, "index", path)
     expect_int(state, "skipped", path)
@@ -203,4 +200,3 @@ def _valid_tar_header(block: bytes) -> bool:
         return False
     unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:_TAR_BLOCK])
     return saved == unsigned
-

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from nodes import elastic as el
 from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
 from nodes.rng import IndexPermutation
 from nodes.storage import SourceFile, as_patterns, list_files, listing_digest
@@ -186,6 +187,27 @@ def plan_units(order: list[int], ctx: Context, splittable: bool) -> list[Unit]:
     return [units[me]]
 
 
+def unit_piece(unit: Unit, cursor: Any = None, index: int = 0, *, one: bool = False) -> el.Piece:
+    """A piece of remaining work: ``unit`` from the block at ``cursor``, record ``index``."""
+    return {
+        "file": unit.file,
+        "part": [unit.part, unit.parts],
+        "cursor": cursor,
+        "index": index,
+        "one": one,
+    }
+
+
+def consumer_units(
+    files: FileSet, ctx: Context, place: str | None, splittable: bool
+) -> tuple[list[Unit], list[el.Piece] | None]:
+    """This consumer's units, and the plan's pieces when it reads a dealt share."""
+    plan = ctx.plan_for(place)
+    if plan is None:
+        return plan_units(files.order(ctx), ctx, splittable), None
+    return [Unit(p["file"], p["part"][0], p["part"][1]) for p in plan], plan
+
+
 class FileListNode(Node):
     """Yields the URLs of this consumer's files (whole files), in this epoch's order.
 
@@ -193,6 +215,9 @@ class FileListNode(Node):
     """
 
     kind = "file list"
+    elastic = "source"
+    elastic_kind = el.FILES
+    place: str | None = None
 
     def __init__(self, files: FileSet, ctx: Context) -> None:
         super().__init__()
@@ -200,13 +225,16 @@ class FileListNode(Node):
         self._ctx = ctx
         self._it: Iterator[str] = NotReset(self)
         self._mine: list[str] = []
+        self._units: list[Unit] = []
+        self._was_reset = False
 
     def reset(self, state: State | None = None) -> None:
         if state is not None:
             self._files.check_state(state)
         urls = self._files.urls
-        units = plan_units(self._files.order(self._ctx), self._ctx, splittable=False)
-        self._mine = [urls[unit.file] for unit in units]
+        self._units = consumer_units(self._files, self._ctx, self.place, False)[0]
+        self._was_reset = True
+        self._mine = [urls[unit.file] for unit in self._units]
         self._it = positioned_iterator(self._mine, 0 if state is None else state["position"])
 
     def __next__(self) -> str:
@@ -223,4 +251,18 @@ class FileListNode(Node):
         """Refuse a position outside this consumer's files, or one taken over other files."""
         from nodes.file_states import validate_file_list  # it imports this module
 
-        validate_file_list(self._files, self._ctx, state, path)
+        units = consumer_units(self._files, self._ctx, self.place, False)[0]
+        validate_file_list(self._files, units, state, path)
+
+    # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def last_origin(self) -> el.Origin:
+        unit = self._units[list_iterator_position(self._it, len(self._mine)) - 1]
+        return self.place, unit_piece(unit)  # type: ignore[return-value]
+
+    def untouched(self) -> list[el.Piece]:
+        """The files this consumer has not started (all of its share before a reset)."""
+        if self._was_reset:
+            units = self._units[list_iterator_position(self._it, len(self._mine)) :]
+        else:
+            units = consumer_units(self._files, self._ctx, self.place, False)[0]
+        return [unit_piece(unit) for unit in units]

@@ -151,6 +151,7 @@ class ParallelMapNode(Node):
     """
 
     kind = "parallel map"
+    elastic = "buffer"
 
     def __init__(
         self,
@@ -182,6 +183,8 @@ class ParallelMapNode(Node):
         self._it: Iterator[Any] = NotReset(self)
         self.busy_seconds = 0.0
         self._calls = 0
+        self._inline = False  # converting for another topology: no pool, upstream order
+        self._held: list[Any] = []
 
     # ----- positions --------------------------------------------------------------
     def reset(self, state: State | None = None) -> None:
@@ -205,6 +208,42 @@ class ParallelMapNode(Node):
         self._prefix = skip
         self._advance_prefix()
         self._it = self._results()
+        self._held = []
+        if self._inline:
+            self._settle()
+            self._it = map(self._fn, self._unreturned())
+
+    # ----- elastic resume (nodes.elastic) -------------------------------------------------
+    def begin_conversion(self) -> None:
+        self._inline = True
+
+    def _settle(self) -> None:
+        """Read up to the last item returned out of order; note the ones not returned."""
+        last = max(self._already_returned, default=-1)
+        while self._read <= last:
+            number = self._read
+            if next(self._src, _END) is _END:
+                raise InvalidStateError("done", f"numbers below {number} (the items left)", last)
+            self._read += 1
+            if number in self._already_returned:
+                self._already_returned.discard(number)
+            else:
+                self._held.append(self._up.last_origin())
+
+    def _unreturned(self) -> Iterator[Any]:
+        for item in self._src:
+            number, self._read = self._read, self._read + 1
+            if number in self._already_returned:
+                self._already_returned.discard(number)
+                continue
+            yield item
+
+    def last_origin(self) -> Any:
+        return self._up.last_origin()  # inline: the item just mapped is upstream's last
+
+    def in_flight(self) -> list[Any]:
+        """The items after the first one not returned that an unordered map had not returned."""
+        return list(self._held)
 
     def _mark_returned(self, number: int) -> None:
         self._returned.add(number)

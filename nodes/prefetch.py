@@ -31,6 +31,7 @@ class PrefetchNode(Node):
     """
 
     kind = "prefetch"
+    elastic = "transparent"
 
     #: its input runs elsewhere (a thread, worker processes): see nodes.stats
     upstream_in_background = True
@@ -46,6 +47,7 @@ class PrefetchNode(Node):
         self._queue: queue.Queue[Any] = queue.Queue(depth)
         self._state: State | None = None
         self._done = False
+        self._inline = False  # converting for another topology: no thread, no read-ahead
 
     def reset(self, state: State | None = None) -> None:
         self._stop_thread()
@@ -82,6 +84,12 @@ class PrefetchNode(Node):
             put(_END)
         except BaseException as error:  # noqa: BLE001 - re-raised in the consumer
             put(_Failure(error))
+
+    def begin_conversion(self) -> None:
+        self._inline = True
+
+    def __iter__(self) -> Any:
+        return iter(self._up) if self._inline else self
 
     def __next__(self) -> Any:
         if self._done:

@@ -6,8 +6,11 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
+from nodes import elastic as el
 from nodes.base import UPSTREAM, Context, Node, NotReset, State
 from nodes.state_checks import at, expect_int, expect_keys
+
+_END = object()
 
 
 class WholeDataContext(Context):
@@ -28,6 +31,7 @@ class WholeDataContext(Context):
     seed = property(lambda self: self._parent.seed)
     stats = property(lambda self: self._parent.stats)
     listings = property(lambda self: self._parent.listings)
+    plans = None  # the stream a shard splits is read whole, on any topology
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
         return self._parent.random_key(*parts, seed=seed)
@@ -41,11 +45,16 @@ class ShardNode(Node):
     itself; it is for sources that cannot (a plain iterable) or for choosing
     where the split happens.
 
-    State: upstream's state after the last kept item plus how many items to
-    skip before the next kept one (``c`` at the start, ``C - 1`` after).
+    State: upstream's state after the last kept item, how many items to skip
+    before the next kept one (``c`` at the start, ``C - 1`` after) and how many
+    upstream items were read (``"read"``: the stream position, which a resume
+    on another topology deals from).
     """
 
     kind = "shard"
+    elastic = "source"
+    elastic_kind = el.STREAM
+    place: str | None = None
 
     def __init__(self, upstream: Node, ctx: Context) -> None:
         super().__init__(upstream)
@@ -53,27 +62,93 @@ class ShardNode(Node):
         self._ctx = ctx
         self._it: Iterator[Any] = NotReset(self)
         self._skip = 0
+        self._read = 0
+        self._kept = 0
+        self._plan: list[el.Piece] | None = None
+        self._selections: dict[int, el.Piece] = {}
+        self._was_reset = False
 
     def reset(self, state: State | None = None) -> None:
         self._up.reset(None if state is None else state[UPSTREAM])
         index, count = self._ctx.consumer_index, self._ctx.num_consumers
         self._skip = index if state is None else int(state["skip"])
-        # islice consumes the skipped items only when asked for the next kept one, so
-        # upstream's position is always right after the item returned last.
-        self._it = islice(iter(self._up), self._skip, None, count)
-        self._started = False
+        self._read = 0 if state is None else int(state["read"])
+        self._plan = self._ctx.plan_for(self.place)
+        self._was_reset = True
+        self._selections = {
+            p["range"][0]: p for p in self._plan or () if "outputs" in p or "from" in p
+        }
+        if self._plan is not None:  # a dealt share of the stream's positions, in order
+            self._it = self._planned(iter(self._up))
+        else:
+            # islice consumes the skipped items only when asked for the next kept one, so
+            # upstream's position is always right after the item returned last.
+            self._it = islice(iter(self._up), self._skip, None, count)
+        self._kept = 0
         self._count = count
+
+    def _planned(self, items: Iterator[Any]) -> Iterator[Any]:
+        for target in el.stream_targets(self._plan or []):
+            if target < self._read:
+                continue
+            self._skip = target - self._read
+            for _ in islice(items, self._skip):
+                pass
+            item = next(items, _END)
+            if item is _END:
+                return
+            self._read, self._skip = target + 1, 0
+            yield item
 
     def __next__(self) -> Any:
         item = next(self._it)
-        self._started = True
+        self._kept += 1
         return item
 
+    def _position(self) -> tuple[int, int]:
+        """``(items to skip before the next kept one, upstream items read)``."""
+        if self._plan is not None or not self._kept:
+            return self._skip, self._read
+        last = self._read + self._skip + (self._kept - 1) * self._count
+        return self._count - 1, last + 1
+
     def state_dict(self) -> State:
-        skip = self._count - 1 if self._started else self._skip
-        return {UPSTREAM: self._up.state_dict(), "skip": skip}
+        skip, read = self._position()
+        return {UPSTREAM: self._up.state_dict(), "skip": skip, "read": read}
 
     def validate_state(self, state: Any, path: str = "node") -> None:
-        expect_keys(state, path, {UPSTREAM, "skip"})
-        expect_int(state, "skip", path, 0, self._ctx.num_consumers - 1)
+        expect_keys(state, path, {UPSTREAM, "skip", "read"})
+        expect_int(state, "read", path)  # checked against the data by the replay
+        if self._ctx.plan_for(self.place) is None:
+            expect_int(state, "skip", path, 0, self._ctx.num_consumers - 1)
+        else:
+            expect_int(state, "skip", path, 0, 0)
         self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
+
+    # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def last_origin(self) -> el.Origin:
+        position = self._position()[1] - 1
+        piece = el.single(position, self._selections.get(position))
+        return self.place, piece  # type: ignore[return-value]
+
+    def untouched(self) -> list[el.Piece]:
+        """The stream positions this consumer has not reached (open-ended)."""
+        plan = self._ctx.plan_for(self.place)
+        skip, read = self._position() if self._was_reset else (self._ctx.consumer_index, 0)
+        if plan is not None:
+            return _from_position(plan, read)
+        return [el.positions(read + skip, None, self._ctx.num_consumers)]
+
+
+def _from_position(plan: list[el.Piece], read: int) -> list[el.Piece]:
+    """The pieces of a stream plan at positions from ``read`` on."""
+    out = []
+    for piece in plan:
+        start, stop, step = piece["range"]
+        if stop is not None and stop <= read:
+            continue
+        if start < read:
+            start += -(-(read - start) // step) * step
+        if stop is None or start < stop:
+            out.append(el.reranged(piece, start, stop, step))
+    return out

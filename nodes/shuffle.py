@@ -41,6 +41,7 @@ class BufferShuffleNode(Node):
     """
 
     kind = "buffer shuffle"
+    elastic = "buffer"
 
     def __init__(
         self, upstream: Node, buffer_size: int, ctx: Context, key: int, seed: int | None = None
@@ -55,11 +56,14 @@ class BufferShuffleNode(Node):
         self._seed = seed
         self._anchor_every = max(buffer_size, 64)
         self._src: Iterator[Any] = NotReset(self)
+        self._noting = False  # converting for another topology: note where items came from
+        self._origins: list[Any] = []
 
     def reset(self, state: State | None = None) -> None:
         key = self._ctx.random_key(self._key, self._ctx.consumer_index, seed=self._seed)
         self._draws = UniformStream(key)
         if state is None:
+            self._origins = []
             self._up.reset(None)
             self._anchors = deque([(0, self._up.state_dict())])
             self._buffer: list[Any] = []
@@ -79,16 +83,17 @@ class BufferShuffleNode(Node):
         self._slots = [int(seq) for seq in state["slots"]]
         slot_of = {seq: slot for slot, seq in enumerate(self._slots)}
         self._buffer = [None] * len(self._slots)
+        self._origins = [None] * len(self._slots)
         src = iter(self._up)
         for position in range(anchor_seq, seq):
             item = next(src, _GONE)
             if item is _GONE:  # the state read more than the input holds: refuse, not pad
-                raise InvalidStateError(
-                    "seq", f"at most {position} (the items its input has)", seq
-                )
+                raise InvalidStateError("seq", f"at most {position} (the items its input has)", seq)
             slot = slot_of.get(position)
             if slot is not None:
                 self._buffer[slot] = item
+                if self._noting:
+                    self._origins[slot] = self._up.last_origin()
         self._anchors = deque([(anchor_seq, anchor_state)])
         self._draws.seek(int(state["draws"]))
         self._exhausted = bool(state["exhausted"])
@@ -144,6 +149,13 @@ class BufferShuffleNode(Node):
 
     def __iter__(self) -> Iterator[Any]:
         return self._src
+
+    def begin_conversion(self) -> None:
+        self._noting = True
+
+    def in_flight(self) -> list[Any]:
+        """Where the buffered items came from (noted while a conversion restored them)."""
+        return [origin for origin in self._origins if origin is not None]
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         keys = {UPSTREAM, "anchor_seq", "seq", "slots", "draws", "exhausted"}

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from nodes import elastic as el
 from nodes.base import (
     Context,
     Node,
@@ -16,6 +17,7 @@ from nodes.base import (
     list_iterator_position,
     positioned_iterator,
 )
+from nodes.elastic import POSITIONS
 from nodes.errors import InvalidStateError
 from nodes.rng import IndexPermutation
 from nodes.state_checks import expect_dict, expect_int, expect_keys
@@ -39,6 +41,9 @@ class SequenceNode(Node):
     """
 
     kind = "sequence source"
+    elastic = "source"
+    elastic_kind = POSITIONS
+    place: str | None = None
 
     def __init__(
         self,
@@ -57,26 +62,50 @@ class SequenceNode(Node):
         self._fns = tuple(fns)
         self._it: Iterator[Any] = NotReset(self)
         self._start = 0
+        self._plan: list[el.Piece] | None = None
+        self._was_reset = False
 
     def _local_length(self) -> int:
+        plan = self._ctx.plan_for(self.place)
+        if plan is not None:  # a share of an interrupted epoch, dealt after a topology change
+            return el.plan_starts(plan)[1]
         n, c, total = len(self._seq), self._ctx.consumer_index, self._ctx.num_consumers
         return max(0, (n - c + total - 1) // total)
 
+    def _positions(self, lo: int, hi: int) -> np.ndarray:
+        """Positions in the epoch's permutation of this consumer's items ``lo`` to ``hi``."""
+        if self._plan is None:
+            c, total = self._ctx.consumer_index, self._ctx.num_consumers
+            return c + total * np.arange(lo, hi, dtype=np.int64)
+        parts = []
+        for piece, first in zip(self._plan, self._plan_starts):
+            length = el.piece_length(piece) or 0
+            a, b = max(lo, first), min(hi, first + length)
+            if a < b:
+                start, _, step = piece["range"]
+                parts.append(start + step * np.arange(a - first, b - first, dtype=np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
     def reset(self, state: State | None = None) -> None:
+        self._was_reset = True
+        self._plan = self._ctx.plan_for(self.place)
+        if self._plan is not None:
+            self._plan_starts = el.plan_starts(self._plan)[0]
         self._length = self._local_length()
         self._start = min(0 if state is None else int(state["position"]), self._length)
         c, total = self._ctx.consumer_index, self._ctx.num_consumers
         is_range = isinstance(self._seq, range)
-        if self._shuffle_key is None:
+        if self._shuffle_key is None and self._plan is None:
             # The counter we read the position from is a built-in range iterator.
             counted = self._seq[c::total] if is_range else range(c, len(self._seq), total)
             self._counter = iter(counted)
             self._counter.__setstate__(self._start)
             it = self._counter if is_range else map(self._seq.__getitem__, self._counter)
         else:
-            self._permutation = IndexPermutation(
-                len(self._seq), self._ctx.random_key(*self._shuffle_key, seed=self._shuffle_seed)
-            )
+            self._permutation = None
+            if self._shuffle_key is not None:
+                key = self._ctx.random_key(*self._shuffle_key, seed=self._shuffle_seed)
+                self._permutation = IndexPermutation(len(self._seq), key)
             self._block_it = None
             it = chain.from_iterable(self._shuffled_blocks(self._start))
             if not is_range:
@@ -86,14 +115,14 @@ class SequenceNode(Node):
         self._it = it
 
     def _shuffled_blocks(self, start: int) -> Iterator[Iterator[Any]]:
-        c, total = self._ctx.consumer_index, self._ctx.num_consumers
         block = start // _SHUFFLE_BLOCK
         offset = start % _SHUFFLE_BLOCK
         while block * _SHUFFLE_BLOCK < self._length:
             lo = block * _SHUFFLE_BLOCK
             hi = min(lo + _SHUFFLE_BLOCK, self._length)
-            global_positions = c + total * np.arange(lo, hi, dtype=np.int64)
-            indices = self._permutation.apply(global_positions)
+            indices = self._positions(lo, hi)
+            if self._permutation is not None:
+                indices = self._permutation.apply(indices)
             if isinstance(self._seq, range):
                 indices = self._seq.start + indices * self._seq.step
             values = indices.tolist()
@@ -111,7 +140,7 @@ class SequenceNode(Node):
 
     def position(self) -> int:
         """How many items this consumer has yielded in the current epoch."""
-        if self._shuffle_key is None:
+        if self._shuffle_key is None and self._plan is None:
             return list_iterator_position(self._counter, self._length)
         if self._block_it is None:
             return self._start
@@ -125,6 +154,25 @@ class SequenceNode(Node):
     def validate_state(self, state: Any, path: str = "node") -> None:
         expect_keys(state, path, {"position"})
         expect_int(state, "position", path, 0, self._local_length())
+
+    # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def last_origin(self) -> el.Origin:
+        k = self.position() - 1
+        if self._plan is not None:
+            position, piece = el.position_at(self._plan, self._plan_starts, k)
+            return self.place, el.single(position, piece)
+        c, total = self._ctx.consumer_index, self._ctx.num_consumers
+        position = c + total * k
+        return self.place, el.single(position)  # type: ignore[return-value]
+
+    def untouched(self) -> list[el.Piece]:
+        """The positions this consumer has not read yet (all of its share before a reset)."""
+        plan = self._ctx.plan_for(self.place)
+        k = self.position() if self._was_reset else 0
+        if plan is not None:
+            return el.rest_of_plan(plan, k)
+        c, total = self._ctx.consumer_index, self._ctx.num_consumers
+        return [el.positions(c + total * k, len(self._seq), total)]
 
 
 def is_factory(source: Any) -> bool:
@@ -160,6 +208,10 @@ class IterableNode(Node):
     """
 
     kind = "iterable source"
+    elastic_refusal = (
+        "(from_iterable) has no positions of its own to deal to other consumers; "
+        "dp.from_sequence (random access) or dp.files can be re-dealt"
+    )
 
     def __init__(self, source: Iterable[Any] | Callable[[], Iterable[Any]], ctx: Context) -> None:
         super().__init__()
@@ -223,8 +275,10 @@ class IterableNode(Node):
         # The object's own state ("inner") is opaque; a replay count is ours.
         expect_dict(state, path)
         source = self._source if not self._is_factory else self._obj
-        stateful = None if source is None else hasattr(source, "load_state_dict") and hasattr(
-            source, "state_dict"
+        stateful = (
+            None
+            if source is None
+            else hasattr(source, "load_state_dict") and hasattr(source, "state_dict")
         )
         if stateful or (stateful is None and "inner" in state):
             expect_keys(state, path, {"inner"})

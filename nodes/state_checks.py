@@ -109,9 +109,7 @@ def expect_ints(
     for i, value in enumerate(values):
         check_int(value, at(at(path, key), i), lo, hi)
         if unique and value in seen:
-            raise InvalidStateError(
-                at(at(path, key), i), "a value not repeated in the list", value
-            )
+            raise InvalidStateError(at(at(path, key), i), "a value not repeated in the list", value)
         seen.add(value)
     return values
 

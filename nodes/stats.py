@@ -53,6 +53,7 @@ class StatsNode(Node):
     """
 
     kind = "stats"
+    elastic = "transparent"
 
     def __init__(self, inner: Node, key: str, step: str, *, sample_every: int = SAMPLE_EVERY):
         super().__init__(inner)

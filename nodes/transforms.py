@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import Any
 
+from nodes import elastic as el
 from nodes.base import (
     UPSTREAM,
     Node,
@@ -23,6 +24,8 @@ _END = object()
 
 class _StatelessStep(Node):
     """A step with no position of its own, run by a built-in (C) iterator; state is upstream's."""
+
+    elastic = "transparent"
 
     def __init__(self, upstream: Node, fn: Callable[[Any], Any]) -> None:
         super().__init__(upstream)
@@ -79,25 +82,37 @@ class FlatMapNode(Node):
     """
 
     kind = "flat_map"
+    elastic = "buffer"
 
     def __init__(self, upstream: Node, fn: Callable[[Any], Iterable[Any]]) -> None:
         super().__init__(upstream)
         self._up = upstream
         self._fn = fn
         self._it: Iterator[Any] = NotReset(self)
+        self._noting = False  # converting for another topology: note where parents came from
+        self._current: Iterator[Any] | None = None
 
     def reset(self, state: State | None = None) -> None:
         before = None if state is None else state[UPSTREAM]
         offset = 0 if state is None else int(state["offset"])
         self._up.reset(before)
         self._before = self._up.state_dict() if before is None else before
-        self._current: Iterator[Any] | None = None
+        self._current = None
         self._current_len = 0
-        self._it = chain.from_iterable(self._children(offset))
+        self._indices: list[int] | None = None  # which of the parent's outputs are kept
+        self._selecting = _reads_selections(self._up)
+        children = self._children(offset)
+        self._it = chain.from_iterable(children)
+        if self._noting and offset:
+            # Read the parent now, so that its source's position moves past it: the rest of
+            # its outputs are then held here (in_flight), not left in the untouched data.
+            first = next(children, None)
+            self._it = chain.from_iterable(children if first is None else chain([first], children))
 
     def _children(self, offset: int) -> Iterator[Iterator[Any]]:
         up, fn = self._up, self._fn
         src = iter(up)
+        noting, selecting = self._noting, self._selecting
         while True:
             before = self._before if offset else up.state_dict()
             parent = next(src, _END)
@@ -105,6 +120,11 @@ class FlatMapNode(Node):
                 self._before, self._current = before, None
                 return
             outputs = list(fn(parent))
+            if noting or selecting:
+                self._origin = up.last_origin()
+            if selecting:  # after a topology change: only the outputs not yet delivered
+                self._indices = el.selected(self._origin[1], len(outputs))
+                outputs = [outputs[i] for i in self._indices]
             if offset and offset >= len(outputs):  # only a resumed first parent has an offset
                 raise InvalidStateError(
                     "offset", f"an offset below {len(outputs)} (the parent's outputs)", offset
@@ -113,6 +133,31 @@ class FlatMapNode(Node):
             offset = 0
             self._before, self._current, self._current_len = before, current, len(outputs)
             yield current
+
+    # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def begin_conversion(self) -> None:
+        self._noting = True
+
+    def _original(self, index: int) -> int:
+        return index if self._indices is None else self._indices[index]
+
+    def last_origin(self) -> Any:
+        _check_synchronous(self, self._up)
+        done = list_iterator_position(self._current, self._current_len)
+        place, piece = self._origin
+        return place, el.select(piece, [self._original(done - 1)])
+
+    def in_flight(self) -> list[Any]:
+        """The outputs of the current parent that were not returned yet."""
+        if self._current is None:
+            return []
+        done = list_iterator_position(self._current, self._current_len)
+        if done >= self._current_len:
+            return []
+        _check_synchronous(self, self._up)
+        place, piece = self._origin
+        rest = [self._original(i) for i in range(done, self._current_len)]
+        return [(place, el.select(piece, rest))]
 
     def __next__(self) -> Any:
         return next(self._it)
@@ -135,10 +180,35 @@ class FlatMapNode(Node):
         self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
 
 
+def _reads_selections(node: Node) -> bool:
+    """Whether the source under ``node`` (through transparent steps) hands out items of
+    which only some outputs remain: a share dealt after a topology change."""
+    while node.elastic == "transparent" and len(node.inputs) == 1:
+        node = node.inputs[0]
+    plan = getattr(node, "_plan", None) if node.elastic == "source" else None
+    return bool(plan) and any("outputs" in p or "from" in p for p in plan)
+
+
+def _check_synchronous(flat_map: Node, node: Node) -> None:
+    """Refuse selections that would reach the flat_map through a thread or a pool."""
+    while node.elastic == "transparent" and len(node.inputs) == 1:
+        if node.upstream_in_background:
+            raise el.refuse(
+                flat_map,
+                f"reads through a background step ('{node.kind}'), so a "
+                "part of one of its items cannot be handed to another consumer",
+            )
+        node = node.inputs[0]
+
+
 class TakeNode(Node):
     """Stops after ``count`` items. State: upstream's and how many were taken."""
 
     kind = "take"
+    elastic_refusal = (
+        "stops after a count of items per consumer, which means other items on another "
+        "number of consumers"
+    )
 
     def __init__(self, upstream: Node, count: int) -> None:
         super().__init__(upstream)
@@ -177,6 +247,7 @@ class RepeatNode(Node):
     """
 
     kind = "repeat"
+    elastic_refusal = "runs its input several times per epoch, in rounds tied to each consumer"
 
     def __init__(self, upstream: Node, scope: ScopedContext, times: int | None) -> None:
         super().__init__(upstream)

@@ -28,7 +28,6 @@ class CheckpointError(Exception):
     exit_code = 2
 
 
-
 def load_checkpoint(path: str | os.PathLike[str]) -> Any:
     """The object saved at ``path``: a ``torch.save`` file, a JSON file or a DCP directory.
 

@@ -195,8 +195,9 @@ def _render_state(
             "its nested node states are not told apart here",
         )
     elif version != STATE_VERSION:
-        writer.line(2, f"! this datapipes reads version {STATE_VERSION}; what follows may be "
-                    "incomplete")
+        writer.line(
+            2, f"! this datapipes reads version {STATE_VERSION}; what follows may be incomplete"
+        )
     writer.line(1, f"fingerprint  {state.get('fingerprint')}")
     writer.line(1, f"seed         {state.get('seed')}")
     writer.line(1, "steps")

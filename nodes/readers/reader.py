@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
+from nodes import elastic as el
 from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
-from nodes.files import FileSet, Unit, plan_units
+from nodes.files import FileSet, Unit, consumer_units, unit_piece
 from nodes.storage import SourceFile
 
 Cursor = Any  # plain data (int, list of ints, dict) marking the start of a block
@@ -57,6 +58,9 @@ class FileReaderNode(Node):
     """
 
     kind = "reader"
+    elastic = "source"
+    elastic_kind = el.RECORDS
+    place: str | None = None
 
     def __init__(
         self,
@@ -74,14 +78,14 @@ class FileReaderNode(Node):
         self.errors = ErrorPolicy(on_error, step or fmt.name)
         self._it: Iterator[Any] = NotReset(self)
         self._gen: Iterator[Any] | None = None
+        self._was_reset = False
 
     def reset(self, state: State | None = None) -> None:
         self.close()
         if state is not None:
             self._files.check_state(state)
-        self._units = plan_units(
-            self._files.order(self._ctx), self._ctx, splittable=self._format.splittable
-        )
+        self._units, self._plan = self._consumer_units()
+        self._was_reset = True
         unit = 0 if state is None else int(state["unit"])
         cursor = None if state is None else state["cursor"]
         index = 0 if state is None else int(state["index"])
@@ -93,9 +97,19 @@ class FileReaderNode(Node):
         self._gen = self._blocks(unit, cursor, index)
         self._it = chain.from_iterable(self._gen)
 
+    def _consumer_units(self) -> tuple[list[Unit], list[el.Piece] | None]:
+        splittable = self._format.splittable
+        return consumer_units(self._files, self._ctx, self.place, splittable)
+
     def _blocks(self, unit_index: int, cursor: Cursor, index: int) -> Iterator[Iterator[Any]]:
         for u in range(unit_index, len(self._units)):
             unit: Unit = self._units[u]
+            one = False
+            if self._plan is not None:  # a dealt piece starts where it says
+                piece = self._plan[u]
+                one = bool(piece["one"])
+                if u != unit_index or (cursor is None and not index):
+                    cursor, index = piece["cursor"], piece["index"]
             source = self._files.source(unit.file)
             blocks = self._format.blocks(source, unit.part, unit.parts, cursor, self.errors)
             read_any = cursor is not None  # a resume starts past the unit's start
@@ -113,9 +127,16 @@ class FileReaderNode(Node):
                 read_any = True
                 if index and index >= len(records):  # only a resumed first block has an index
                     raise InvalidStateError(
-                        "index", f"an index below {len(records)} (the records of the block at "
-                        f"cursor {cursor} of {source.url})", index
+                        "index",
+                        f"an index below {len(records)} (the records of the block at "
+                        f"cursor {cursor} of {source.url})",
+                        index,
                     )
+                if one:  # a record that was read but not delivered before a topology change
+                    it = iter(records[index : index + 1])
+                    self._at = _Place(u, cursor, 0, skipped_before, it, 1, None, first=index)
+                    yield it
+                    break
                 it = positioned_iterator(records, index)
                 self._at = _Place(u, cursor, index, skipped_before, it, len(records), after)
                 index = 0
@@ -164,7 +185,30 @@ class FileReaderNode(Node):
         """Refuse a state whose unit, file, cursor or counts this reader could not resume."""
         from nodes.file_states import validate_reader  # it imports the formats, which import us
 
-        validate_reader(self._files, self._format, self._ctx, state, path)
+        validate_reader(self._files, self._format, self._consumer_units()[0], state, path)
+
+    # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def last_origin(self) -> el.Origin:
+        at = self._at
+        index = at.first + list_iterator_position(at.records, at.length) - 1
+        piece = unit_piece(self._units[at.unit], at.cursor, index, one=True)
+        if self._plan is not None and self._plan[at.unit]["one"]:  # keep its output selection
+            piece = el.reranged_record(piece, self._plan[at.unit])
+        return self.place, piece  # type: ignore[return-value]
+
+    def untouched(self) -> list[el.Piece]:
+        """The rest of this consumer's units (all of them before a reset), from its cursor."""
+        units, plan = self._consumer_units()
+        pieces = plan if plan is not None else [unit_piece(unit) for unit in units]
+        if not self._was_reset:
+            return list(pieces)
+        unit, cursor, index, _ = self._at.resume_point(self.errors.tally())
+        if unit >= len(pieces):
+            return []
+        current = pieces[unit]
+        if cursor is not None or index:
+            current = {**current, "cursor": cursor, "index": index}
+        return [current, *pieces[unit + 1 :]]
 
     def close(self) -> None:
         if self._gen is not None:
@@ -183,6 +227,7 @@ class _Place:
     records: Iterator[Any] | None = None  # the block's records, shared with the consumer
     length: int = 0
     after: Cursor = None  # where the next block starts; None: the unit ends with this one
+    first: int = 0  # the index in the block of records[0] (a single record handed out)
 
     def resume_point(self, skipped_now: Tally) -> tuple[int, Cursor, int, Tally]:
         """``(unit, cursor, index, skip counters)`` from which a reset continues exactly."""
@@ -190,7 +235,7 @@ class _Place:
             return self.unit, self.cursor, self.index, self.skipped_before
         index = list_iterator_position(self.records, self.length)
         if index < self.length:
-            return self.unit, self.cursor, index, self.skipped_before
+            return self.unit, self.cursor, self.first + index, self.skipped_before
         if self.after is not None:  # the block is used up: point at the next one
             return self.unit, self.after, 0, skipped_now
         return self.unit + 1, None, 0, skipped_now

@@ -135,4 +135,3 @@ class ZstdReader(_CountedStream):
             raise io.UnsupportedOperation("a zstd stream only seeks forward")
         skip_forward(self, target)
         return self._pos
-

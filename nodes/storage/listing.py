@@ -114,4 +114,3 @@ def listing_digest(urls: Sequence[str]) -> str:
     """A short digest of a listing, kept in states to notice that the files changed."""
     # Query strings (signatures of pre-signed URLs) change when URLs are re-signed.
     return hashlib.sha256("\n".join(map(url_path, urls)).encode()).hexdigest()[:16]
-

@@ -115,4 +115,3 @@ class SourceFile:
                 watchdog=watchdog,
             )
         return None if size is None else int(size)
-

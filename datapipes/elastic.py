@@ -1,0 +1,320 @@
+"""Elastic resume: merging the ranks' states of one checkpoint, and the work that remains.
+
+A checkpoint of a job of ``R`` ranks x ``W`` workers holds each consumer's
+position. :func:`merge_states` puts the ranks' states together into one state
+for the whole job. :func:`remaining_work` turns such a state into the
+interrupted epoch's remaining work in canonical coordinates (see
+:mod:`nodes.elastic`): for each old consumer it builds the graph that
+consumer ran, restores it, and asks its buffers what they hold and its
+sources what they have not read. :func:`consumer_plans` deals that work to
+the consumers of a new topology, a pure function of (state, new topology),
+so every new rank computes the same deal without talking to the others.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from datapipes import checkpoint
+from datapipes.checkpoint_schema import node_state
+from datapipes.placement import rebuild_on, split_main_steps
+from nodes import UPSTREAM, Context, Node
+from nodes import elastic as el
+from nodes import torchdata_adapter as torchdata
+from nodes.base import walk_graph
+from nodes.errors import StateMismatchError
+
+if TYPE_CHECKING:
+    from datapipes.pipe import DataPipe
+    from nodes.files import Listings
+
+_END = object()
+
+
+# ----- merging ------------------------------------------------------------------------------
+
+
+def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One Loader state for a whole job, from every rank's ``Loader.state_dict()``.
+
+    ``states`` are the states of one checkpoint (each rank's own, or states
+    that already hold several ranks), in any order. The result loads into a
+    Loader of any ``rank``, ``world_size`` and ``num_workers``: on the saved
+    topology it resumes exactly as each rank's own state would; on another,
+    the interrupted epoch's remaining items are dealt to the new consumers,
+    each exactly once. It is plain data, like every Loader state.
+
+    Refused with :class:`datapipes.StateMismatchError`, saying which: a rank
+    missing, states of different recipes, seeds or topologies, two different
+    states of one rank, ranks in epochs that cannot belong to one checkpoint.
+
+    >>> import datapipes as dp
+    >>> loaders = [dp.Loader(dp.range(8), rank=r, world_size=2) for r in range(2)]
+    >>> its = [iter(loader) for loader in loaders]; _ = [next(it) for it in its]
+    >>> merged = dp.merge_states([loader.state_dict() for loader in loaders])
+    >>> sorted(merged["ranks"])
+    ['0', '1']
+    """
+    states = list(states)
+    if not states:
+        raise ValueError("merge_states needs the states of every rank, got none")
+    for state in states:
+        checkpoint.check_shape(state)
+    first = states[0]
+    ranks: dict[str, dict[str, Any]] = {}
+    for state in states:
+        _check_same_job(first, state)
+        for rank, entry in state["ranks"].items():
+            if rank in ranks and _without_graph(ranks[rank]) != _without_graph(entry):
+                raise StateMismatchError(
+                    f"merge_states got two different states of rank {rank}: they come from "
+                    "different checkpoints (different steps); pass each rank's state of one "
+                    "checkpoint once"
+                )
+            ranks.setdefault(rank, entry)
+    world_size = first["topology"]["world_size"]
+    missing = [r for r in range(world_size) if str(r) not in ranks]
+    if missing:
+        raise StateMismatchError(
+            f"merge_states got the states of rank(s) {sorted(int(r) for r in ranks)} of a job "
+            f"of {world_size} ranks: rank(s) {missing} are missing. Pass every rank's state "
+            "(each rank's Loader.state_dict(), or dp.load_dcp_states for a DCP checkpoint)."
+        )
+    resume_epoch(ranks)  # refuses ranks in epochs one checkpoint cannot hold
+    merged = {key: first[key] for key in first if key != "ranks"}
+    merged["ranks"] = _deduplicated_graphs({r: ranks[r] for r in sorted(ranks, key=int)})
+    return merged
+
+
+def _check_same_job(first: dict[str, Any], state: dict[str, Any]) -> None:
+    if state["fingerprint"] != first["fingerprint"]:
+        raise StateMismatchError(
+            "merge_states got states of different recipes:\n"
+            + checkpoint.explain_difference(list(first["steps"]), list(state["steps"]))
+        )
+    for key, what in (("seed", "seeds"), ("topology", "topologies")):
+        if state[key] != first[key]:
+            raise StateMismatchError(
+                f"merge_states got states of different {what}: {first[key]} and {state[key]}; "
+                "pass the states of one checkpoint of one job"
+            )
+
+
+def _without_graph(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k != "graph"}
+
+
+def _deduplicated_graphs(ranks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Ranks' entries with the graph record kept once (every rank built the same shape)."""
+    out, kept = {}, False
+    for rank, entry in ranks.items():
+        if entry.get("graph") is not None:
+            if kept:
+                entry = {k: v for k, v in entry.items() if k != "graph"}
+            kept = True
+        out[rank] = entry
+    return out
+
+
+def covers_job(state: dict[str, Any]) -> bool:
+    """Whether a (checked) state holds every rank of the job that saved it."""
+    world_size = state["topology"]["world_size"]
+    return all(str(r) in state["ranks"] for r in range(world_size))
+
+
+def resume_epoch(ranks: dict[str, dict[str, Any]]) -> int:
+    """The epoch a job's ranks resume: the earliest; the others must have finished it."""
+    epochs = {rank: entry["epoch"] for rank, entry in ranks.items()}
+    epoch = min(epochs.values())
+    for rank, entry in ranks.items():
+        if entry["epoch"] > epoch and (entry["epoch"] > epoch + 1 or entry["node"] is not None):
+            raise StateMismatchError(
+                f"rank {rank} is in epoch {entry['epoch']} "
+                f"({'mid-epoch' if entry['node'] is not None else 'at its start'}) while rank(s) "
+                f"{sorted(int(r) for r, e in epochs.items() if e == epoch)} are in epoch {epoch}: "
+                "these states do not come from one checkpoint"
+            )
+    return epoch
+
+
+# ----- the remaining work -----------------------------------------------------------------
+
+
+def remaining_work(
+    pipe: DataPipe[Any], state: dict[str, Any], listings: Listings | None = None
+) -> tuple[int, el.Work | None]:
+    """``(epoch, remaining work)`` of a (checked) state that covers every rank of its job.
+
+    ``pipe`` is the recipe the state was taken with (a Loader's, with its
+    ``pin_memory``/``to_device`` steps). The work is ``None`` when the epoch
+    has not started on any rank (a fresh epoch of any topology deals it).
+    Raises :class:`nodes.elastic.ElasticResumeError` naming a step that has
+    no exact answer.
+    """
+    ranks = state["ranks"]
+    epoch = resume_epoch(ranks)
+    setup = checkpoint.saved_setup(state)
+    works = []
+    started = False
+    for rank in sorted(ranks, key=int):
+        entry = ranks[rank]
+        if entry["epoch"] != epoch:
+            continue  # it finished the epoch
+        node = node_state(entry["node"], f"{checkpoint.node_path(int(rank))}")
+        plans = checkpoint.entry_plans(entry, epoch)
+        started = started or node is not None or plans is not None
+        if setup["even_batches"] and node is not None:
+            node = node[UPSTREAM]  # the Loader's even_batches wrapper: its input's position
+        works.extend(_rank_work(pipe, setup, int(rank), epoch, node, plans, listings))
+    if not started:
+        return epoch, None
+    return epoch, el.merge_work(works)
+
+
+def _context(
+    setup: dict[str, Any], rank: int, worker: int, epoch: int, plans: Any, listings: Any
+) -> Context:
+    workers = max(setup["num_workers"], 1)
+    ctx = Context(
+        rank=rank,
+        world_size=setup["world_size"],
+        worker_id=worker,
+        num_workers=workers,
+        epoch=epoch,
+        seed=setup["seed"],
+    )
+    ctx.listings = listings
+    ctx.plans = None if plans is None else plans[worker]
+    ctx.plans_epoch = epoch
+    return ctx
+
+
+def _rank_work(
+    pipe: DataPipe[Any],
+    setup: dict[str, Any],
+    rank: int,
+    epoch: int,
+    node: Any,
+    plans: Any,
+    listings: Any,
+) -> list[el.Work]:
+    if not setup["num_workers"]:
+        root = pipe.build(_context(setup, rank, 0, epoch, plans, listings))
+        return [el.consumer_work(root, node)]
+    worker_part, main_steps = split_main_steps(pipe)
+    _check_main_steps(main_steps)
+    loader_state = _workers_state(node)
+    if loader_state is None:  # the rank had ended its epoch
+        return []
+    states = _worker_positions(worker_part, setup, rank, epoch, loader_state, plans, listings)
+    return [
+        el.consumer_work(
+            worker_part.build(_context(setup, rank, worker, epoch, plans, listings)), position
+        )
+        for worker, position in enumerate(states)
+        if position is not _END
+    ]
+
+
+def _check_main_steps(main_steps: list[Any]) -> None:
+    """Steps in the main process above the workers must hold no items of their own."""
+    from datapipes.sources import range as empty_range
+
+    root = rebuild_on(empty_range(0), main_steps).build(Context())
+    try:
+        for node in walk_graph(root):
+            if node.inputs and node.elastic != "transparent":
+                raise el.refuse(
+                    node,
+                    "runs in the main process above the DataLoader workers "
+                    "and holds items there; move it before .pin_memory()/.to_device()",
+                )
+    finally:
+        root.close()
+
+
+def _workers_state(node: Any) -> dict[str, Any] | None:
+    """The StatefulDataLoader state under the main-process steps (their state is its)."""
+    if node is None:
+        return {}
+    while isinstance(node, dict) and "dataloader" not in node and "ended" not in node:
+        node = node.get(UPSTREAM)
+    if not isinstance(node, dict) or node.get("ended"):
+        return None
+    return node.get("dataloader") or {}
+
+
+def _worker_positions(
+    worker_part: DataPipe[Any],
+    setup: dict[str, Any],
+    rank: int,
+    epoch: int,
+    loader_state: dict[str, Any],
+    plans: Any,
+    listings: Any,
+) -> list[Any]:
+    """Each worker's node state after the last item the main process returned from it.
+
+    The DataLoader's state is every worker's state at the last snapshot and how
+    many items were returned since, from the workers in turn; those items are
+    replayed here, each worker's graph built as that worker built it.
+    """
+    workers = setup["num_workers"]
+    if not loader_state:
+        return [None] * workers
+    snapshots = dict(torchdata.worker_dataset_states(loader_state))
+    summary = torchdata.snapshot_summary(loader_state)
+    roots: list[Node[Any]] = []
+    ended = []
+    try:
+        for worker in range(workers):
+            saved = snapshots.get(worker) or {}
+            root = worker_part.build(_context(setup, rank, worker, epoch, plans, listings))
+            roots.append(root)
+            root.reset(saved.get("node"))
+            ended.append(bool(saved) and torchdata.fetcher_ended(loader_state, worker))
+        turn = 0 if summary["last_worker"] is None else (summary["last_worker"] + 1) % workers
+        for _ in range(summary["steps_since"]):
+            for _ in range(workers):
+                worker, turn = turn, (turn + 1) % workers
+                if not ended[worker]:
+                    if next(iter(roots[worker]), _END) is not _END:
+                        break
+                    ended[worker] = True
+        return [_END if ended[w] else roots[w].state_dict() for w in range(workers)]
+    finally:
+        for root in roots:
+            root.close()
+
+
+# ----- dealing ------------------------------------------------------------------------------
+
+
+def full_deal(work: el.Work, world_size: int, num_workers: int) -> list[Any]:
+    """Every consumer's plan of ``work`` on a topology, rank-major (one per worker, or one
+    per rank without workers): the same on every rank that computes it."""
+    return el.deal(work, world_size * max(num_workers, 1))
+
+
+def describe(work: el.Work | None, world_size: int, num_workers: int) -> dict[str, Any]:
+    """How ``work`` would be dealt to a topology, for people (``inspect``): per consumer
+    and source, the items (positions) or pieces (records) it would get."""
+    if work is None:
+        return {"remaining": "the whole epoch (no rank had started it)"}
+    per_rank = max(num_workers, 1)
+    plans = full_deal(work, world_size, num_workers)
+    consumers = {}
+    for index, plan in enumerate(plans):
+        rank, worker = divmod(index, per_rank)
+        counts = el.count_items(
+            {p: {"kind": work[p]["kind"], "pieces": pieces} for p, pieces in plan.items()}
+        )
+        consumers[f"rank {rank} worker {worker}"] = counts
+    return {"remaining": el.count_items(work), "dealt": consumers}
+
+
+def plans_text(epoch: int, plans: list[Any]) -> str:
+    """The JSON text a rank's entry keeps of its consumers' plans for ``epoch``."""
+    return json.dumps({"epoch": epoch, "consumers": plans}, separators=(",", ":"))
