@@ -2,7 +2,7 @@
 
 A Loader state is plain data (json and ``torch.load(weights_only=True)`` safe)::
 
-    {"version": 4, "fingerprint": "...", "steps": [...], "seed": 0,
+    {"version": 5, "fingerprint": "...", "steps": [...], "seed": 0,
      "topology": {"world_size": 2, "num_workers": 4, "even_batches": True},
      "ranks": {"1": {"epoch": 3, "node": "<this rank's node states, as JSON>",
                      "digest": "<16 hex digits of the node JSON's sha256>",
@@ -57,11 +57,13 @@ from nodes.workers import WorkerStreamNode
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
 
+#: 5: a shard's state records its stream position (``"read"``), and a rank's entry may
+#: hold its consumers' plans after a resume on another topology (``"plans"``).
 #: 4: every node keeps its input's state under ``nodes.UPSTREAM`` (``"upstream"``; version
 #: 3 used ``"up"``, ``"anchor"``, ``"inputs"``, ``"current"``), and random streams derive
 #: from the recipe's structure, not its display string, so shuffle orders moved.
 #: 3: shuffles of up to 65,536 items draw uniform permutations, unlike version 2's.
-STATE_VERSION = 4
+STATE_VERSION = 5
 
 #: Why a state of an older version cannot resume exactly, by version.
 _WHY_REFUSED = {
@@ -70,6 +72,7 @@ _WHY_REFUSED = {
         "whose node states were laid out differently and whose shuffle orders derived "
         "from the recipe's display string, not its structure"
     ),
+    4: "whose shard states did not record the stream position",
 }
 
 

@@ -24,7 +24,7 @@ from nodes import UPSTREAM, Context, Node
 from nodes import elastic as el
 from nodes import torchdata_adapter as torchdata
 from nodes.base import walk_graph
-from nodes.errors import StateMismatchError
+from nodes.errors import InvalidStateError, StateMismatchError
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
@@ -167,7 +167,17 @@ def remaining_work(
         started = started or node is not None or plans is not None
         if setup["even_batches"] and node is not None:
             node = node[UPSTREAM]  # the Loader's even_batches wrapper: its input's position
-        works.extend(_rank_work(pipe, setup, int(rank), epoch, node, plans, listings))
+        try:
+            works.extend(_rank_work(pipe, setup, int(rank), epoch, node, plans, listings))
+        except (StateMismatchError, OSError):
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, StopIteration) as error:
+            # A damaged state that the node checks let through: never a raw error.
+            raise InvalidStateError(
+                checkpoint.node_path(int(rank)), "a position this recipe can resume", "?",
+                note=f"converting it for another topology failed: {type(error).__name__}: "
+                f"{error}",
+            ) from error
     if not started:
         return epoch, None
     return epoch, el.merge_work(works)
@@ -202,6 +212,8 @@ def _rank_work(
 ) -> list[el.Work]:
     if not setup["num_workers"]:
         root = pipe.build(_context(setup, rank, 0, epoch, plans, listings))
+        if node is not None:
+            root.validate_state(node, checkpoint.node_path(rank))
         return [el.consumer_work(root, node)]
     worker_part, main_steps = split_main_steps(pipe)
     _check_main_steps(main_steps)
@@ -273,6 +285,9 @@ def _worker_positions(
             saved = snapshots.get(worker) or {}
             root = worker_part.build(_context(setup, rank, worker, epoch, plans, listings))
             roots.append(root)
+            if saved.get("node") is not None:
+                where = f"{checkpoint.node_path(rank)}.dataloader.worker_{worker}.node"
+                root.validate_state(saved["node"], where)
             root.reset(saved.get("node"))
             ended.append(bool(saved) and torchdata.fetcher_ended(loader_state, worker))
         turn = 0 if summary["last_worker"] is None else (summary["last_worker"] + 1) % workers

@@ -286,7 +286,7 @@ def deal(work: Work, consumers: int) -> list[dict[str, list[Piece]]]:
 
     >>> work = {"s": {"kind": "positions", "pieces": [{"range": [0, 10, 1]}]}}
     >>> [plan["s"] for plan in deal(work, 3)]
-    [[{'range': [0, 4, 1]}], [{'range': [4, 7, 1]}], [{'range': [7, 10, 1]}]]
+    [[{'range': [0, 3, 1]}], [{'range': [3, 6, 1]}], [{'range': [6, 10, 1]}]]
     """
     plans: list[dict[str, list[Piece]]] = [{} for _ in range(consumers)]
     for place, entry in sorted(work.items()):
@@ -391,11 +391,19 @@ def sources_and_nodes(root: Node[Any]) -> Iterator[Node[Any]]:
         yield from sources_and_nodes(node)
 
 
+_NO_HOOK = (
+    "declares no elastic hook: set the class attribute elastic = \"transparent\" on a node "
+    "that holds no item between two next() calls and whose reset(state) puts its input right "
+    "after the last item it returned, or implement in_flight() and last_origin() "
+    "(see nodes.Node.elastic)"
+)
+
+
 def check_graph(root: Node[Any]) -> None:
     """Refuse (:class:`ElasticResumeError`) a graph with a step that has no exact answer."""
     for node in sources_and_nodes(root):
         if node.elastic is None:
-            raise refuse(node, node.elastic_refusal or "has no way to hand its work to others")
+            raise refuse(node, node.elastic_refusal or _NO_HOOK)
 
 
 def consumer_work(root: Node[Any], state: State | None) -> Work:

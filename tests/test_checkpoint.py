@@ -43,7 +43,7 @@ def test_each_rank_entry_holds_epoch_node_and_the_graph_made_once():
     pipe = dp.range(20).shuffle(buffer_size=4).batch(2)
     loader = dp.Loader(pipe, seed=1)
     fresh = loader.state_dict()
-    assert fresh["version"] == checkpoint.STATE_VERSION == 4
+    assert fresh["version"] == checkpoint.STATE_VERSION == 5
     unbuilt = {"epoch": 0, "node": None, "digest": None, "graph": None}  # not built yet
     assert fresh["ranks"] == {"0": unbuilt}
 
@@ -182,7 +182,7 @@ def test_an_older_state_is_read_but_marked():
     state = state_after(dp.range(10).batch(2), 1)
     old = {**state, "version": 3}
     text = describe_checkpoint(old)
-    assert "! saved by an older datapipes; a version 4 Loader refuses it" in text
+    assert "! saved by an older datapipes; a version 5 Loader refuses it" in text
     with pytest.raises(dp.StateMismatchError, match="older datapipes"):
         dp.Loader(dp.range(10).batch(2), seed=4).load_state_dict(old)
 

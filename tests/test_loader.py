@@ -237,13 +237,13 @@ def test_a_state_with_another_seed_is_refused():
         dp.Loader(dp.range(10), seed=2).load_state_dict(state)
 
 
-@pytest.mark.parametrize(
-    ("saved", "loading"), [((0, 2), (1, 2)), ((0, 2), (0, 3)), ((0, 1), (0, 2))]
-)
+@pytest.mark.parametrize(("saved", "loading"), [((0, 2), (1, 2)), ((0, 2), (0, 3))])
 def test_a_state_from_another_rank_topology_is_refused(saved, loading):
+    # One rank's state of a two-rank job covers half of the job: it cannot be re-dealt
+    # (a one-rank job's state can: see test_elastic.py).
     pipe = dp.range(30).shuffle()
     state = dp.Loader(pipe, rank=saved[0], world_size=saved[1]).state_dict()
-    with pytest.raises(dp.StateMismatchError, match="topology"):
+    with pytest.raises(dp.StateMismatchError, match="topology.*merge_states|holds rank"):
         dp.Loader(pipe, rank=loading[0], world_size=loading[1]).load_state_dict(state)
 
 
