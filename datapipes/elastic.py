@@ -174,9 +174,10 @@ def remaining_work(
         except (KeyError, TypeError, ValueError, IndexError, StopIteration) as error:
             # A damaged state that the node checks let through: never a raw error.
             raise InvalidStateError(
-                checkpoint.node_path(int(rank)), "a position this recipe can resume", "?",
-                note=f"converting it for another topology failed: {type(error).__name__}: "
-                f"{error}",
+                checkpoint.node_path(int(rank)),
+                "a position this recipe can resume",
+                "?",
+                note=f"converting it for another topology failed: {type(error).__name__}: {error}",
             ) from error
     if not started:
         return epoch, None

@@ -202,43 +202,67 @@ def coalesce(pieces: Iterable[Piece]) -> list[Piece]:
     The untouched shares of ``C`` consumers dealt round-robin (``c, c + C, ...``)
     become one range from the furthest of them to the end plus one short
     range per consumer that lags behind it, so their number does not grow
-    with the consumers that finished.
+    with the consumers that finished. Ranges of one step that continue each
+    other become one, and so do single positions that extend a range: a
+    share cut into runs and dealt comes back as the ranges it was cut from.
     """
+    pieces = list(pieces)
     special = [p for p in pieces if "outputs" in p or "from" in p]
     plain = [p for p in pieces if not ("outputs" in p or "from" in p) and piece_length(p) != 0]
     plain = _fold_residues(plain)
-    plain.sort(key=lambda p: (p["range"][2], p["range"][0]))
-    out: list[Piece] = []
-    for piece in plain:
-        if out:
-            last = out[-1]["range"]
-            start, stop, step = piece["range"]
-            if last[1] is not None and last[2] == step and last[1] == start:
-                out[-1] = positions(last[0], stop, step)
-                continue
-            if (
-                last[1] is not None
-                and piece_length(out[-1]) == 1
-                and step == 1
-                and last[0] + 1 == start
-            ):
-                out[-1] = positions(last[0], stop, 1)
-                continue
-        out.append(piece)
-    return special + _join_singles(out)
-
-
-def _join_singles(pieces: list[Piece]) -> list[Piece]:
-    """Runs of single positions (step 1) that follow each other become one range."""
-    singles = sorted(p["range"][0] for p in pieces if piece_length(p) == 1)
-    rest = [p for p in pieces if piece_length(p) != 1]
-    out: list[Piece] = []
-    for value in singles:
-        if out and out[-1]["range"][1] == value:
-            out[-1] = positions(out[-1]["range"][0], value + 1)
+    singles = sorted({p["range"][0] for p in plain if piece_length(p) == 1})
+    ranges = [list(p["range"]) for p in plain if piece_length(p) != 1]
+    changed = True
+    while changed:
+        ranges, changed = _join_ranges(ranges)
+        left = []
+        for value in singles:
+            if _attach(ranges, value):
+                changed = True
+            else:
+                left.append(value)
+        singles = left
+    runs: list[list[int]] = []
+    for value in singles:  # runs of single positions become ranges of step 1
+        if runs and runs[-1][1] == value:
+            runs[-1][1] = value + 1
         else:
-            out.append(positions(value, value + 1))
-    return out + rest
+            runs.append([value, value + 1])
+    out = [positions(r[0], r[1], r[2]) for r in ranges]
+    out += [positions(start, stop) for start, stop in runs]
+    out.sort(key=lambda p: (p["range"][0], p["range"][2]))
+    return special + out
+
+
+def _join_ranges(ranges: list[list[Any]]) -> tuple[list[list[Any]], bool]:
+    """Ranges of one step where one ends where the next starts, joined."""
+    ranges = sorted(ranges, key=lambda r: (r[2], r[0]))
+    by_end: dict[tuple[int, int], list[Any]] = {}
+    out, changed = [], False
+    for r in ranges:
+        before = by_end.pop((r[2], r[0]), None)
+        if before is not None:
+            before[1] = r[1]
+            changed = True
+            if r[1] is not None:
+                by_end[(r[2], r[1])] = before
+            continue
+        out.append(r)
+        if r[1] is not None:
+            by_end[(r[2], r[1])] = r
+    return out, changed
+
+
+def _attach(ranges: list[list[Any]], value: int) -> bool:
+    """Extend a range by ``value`` where it is the position right after or before it."""
+    for r in sorted(ranges, key=lambda r: r[2]):
+        if r[1] == value:
+            r[1] = value + r[2]
+            return True
+        if r[0] - r[2] == value:
+            r[0] = value
+            return True
+    return False
 
 
 def _fold_residues(pieces: list[Piece]) -> list[Piece]:
@@ -392,7 +416,7 @@ def sources_and_nodes(root: Node[Any]) -> Iterator[Node[Any]]:
 
 
 _NO_HOOK = (
-    "declares no elastic hook: set the class attribute elastic = \"transparent\" on a node "
+    'declares no elastic hook: set the class attribute elastic = "transparent" on a node '
     "that holds no item between two next() calls and whose reset(state) puts its input right "
     "after the last item it returned, or implement in_flight() and last_origin() "
     "(see nodes.Node.elastic)"
@@ -451,3 +475,27 @@ def merge_work(works: Iterable[Work]) -> Work:
         for place, entry in work.items():
             add_work(total, place, entry["kind"], entry["pieces"])
     return normalize(total)
+
+
+def expand(work: Work, stream_limit: int = 1 << 20) -> dict[str, list[Any]]:
+    """``work`` as a sorted list of items per source: what it holds, whatever its pieces.
+
+    Positions become ``(position, selection)`` (an open-ended stream tail up to
+    ``stream_limit``); records stay pieces (a file's records are only known
+    by reading it). Two descriptions of the same remaining work expand
+    equally, however they were cut and coalesced: for tests and tools, not
+    for large data.
+    """
+    out: dict[str, list[Any]] = {}
+    for place, entry in work.items():
+        items: list[Any] = []
+        for piece in entry["pieces"]:
+            selection = {k: piece[k] for k in ("outputs", "from", "upto") if k in piece}
+            if "range" in piece:
+                start, stop, step = piece["range"]
+                for position in range(start, stream_limit if stop is None else stop, step):
+                    items.append((position, repr(sorted(selection.items()))))
+            else:
+                items.append(repr(sorted(piece.items())))
+        out[place] = sorted(items, key=repr)
+    return out

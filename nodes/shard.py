@@ -107,7 +107,9 @@ class ShardNode(Node):
 
     def _position(self) -> tuple[int, int]:
         """``(items to skip before the next kept one, upstream items read)``."""
-        if self._plan is not None or not self._kept:
+        if self._plan is not None:
+            return 0, self._read  # the targets after it say what to skip
+        if not self._kept:
             return self._skip, self._read
         last = self._read + self._skip + (self._kept - 1) * self._count
         return self._count - 1, last + 1
