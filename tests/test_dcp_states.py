@@ -267,3 +267,26 @@ def test_unflattened_states_of_two_ranks_are_refused(tmp_path: Path):
     save_as_ranks([{"data": lo} for lo in made], tmp_path, flatten=False)
     with pytest.raises(dp.StateMismatchError):
         load_dcp_states(tmp_path)
+
+
+def test_chained_resumes_through_dcp(tmp_path: Path):
+    """2 ranks -> DCP -> 3 ranks, stopped again mid-epoch -> DCP -> 2 ranks: exactly once.
+
+    The second checkpoint's ranks hold the plans they were dealt; DCP keeps them per rank.
+    """
+    made, seen = stopped(2, [2, 5])
+    save_as_ranks([{"data": lo} for lo in made], tmp_path / "first")
+    state = load_dcp_states(tmp_path / "first")
+    middle = loaders(3)
+    for loader, count in zip(middle, [1, 0, 3], strict=True):
+        loader.load_state_dict(state)
+        batches = iter(loader)
+        for _ in range(count):
+            seen += next(batches).tolist()
+    save_as_ranks([{"data": lo} for lo in middle], tmp_path / "second")
+    state = load_dcp_states(tmp_path / "second", key="data")
+    assert state == dp.merge_states([lo.state_dict() for lo in middle])
+    for loader in loaders(2):
+        loader.load_state_dict(state)
+        seen += [i for b in loader for i in b.tolist()]
+    assert sorted(seen) == list(range(60))

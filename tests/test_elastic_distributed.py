@@ -16,8 +16,9 @@ every sample of the epoch exactly once, minus what even_batches dropped at the e
 new rank's stream without even_batches, read from the same state, starts with its even
 stream; the rest is what the UnevenDataWarning reports); no sample on two ranks; every
 rank takes the same number of steps; the epoch after the resumed one is a fresh epoch of
-the new topology; and the DCP checkpoint and the files merge into the same state, here,
-in a process with no process group.
+the new topology; the DCP checkpoint and the files merge into the same state, here, in a
+process with no process group, and the two resumes of one stop consume the same streams
+and end with the same model.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from test_distributed import child_env, flat, reported_drops, stop_job, write_data
 
 import datapipes as dp
@@ -327,3 +329,15 @@ def test_dcp_and_the_files_merge_into_the_same_state(runs: Runs, stop: str):
     from_files = dp.merge_states([dp.load_checkpoint(f)["loader"] for f in files])
     assert load_dcp_states(folder / "dcp") == from_files
     assert load_dcp_states(folder / "dcp", key="data") == from_files
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_the_files_and_dcp_resumes_train_alike(runs: Runs, stop: str):
+    """Both resumes of one stop get the same merged state: the same deal, the same model."""
+    files, via_dcp = (
+        next(c.name for c in CASES if c.stop == stop and c.via == v) for v in ("files", "dcp")
+    )
+    for a, b in zip(runs.phases[files], runs.phases[via_dcp], strict=True):
+        assert a["epochs"] == b["epochs"]
+        for x, y in zip(a["params"], b["params"], strict=True):
+            assert torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-6)
