@@ -28,7 +28,12 @@ from datapipes.pipe import DataPipe
 from datapipes.progress import ProgressBar, progress_bar_class
 from datapipes.stats import PipelineStats
 from datapipes.topology import resolve_topology
-from datapipes.workers import runtime_recipe, worker_loss_counts, worker_skip_counts
+from datapipes.workers import (
+    runtime_recipe,
+    worker_drop_counts,
+    worker_loss_counts,
+    worker_skip_counts,
+)
 from nodes import Context, Node
 
 _DATALOADER_OPTIONS = frozenset(
@@ -298,6 +303,23 @@ class Loader:
         ([], {...: 1}, {...: {'records': 0, 'files': 1, 'ranges': 0, 'bytes': 0}})
         """
         return worker_loss_counts(self._root)
+
+    def dropped(self) -> dict[str, int]:
+        """Items dropped at the end of the current (or last) epoch, per step that drops.
+
+        ``batch(..., drop_last=True)`` drops each consumer's short last batch
+        (after a resume on another topology, each new consumer's), and
+        ``even_batches`` drops what a rank has beyond the others (it also warns,
+        :class:`datapipes.UnevenDataWarning`). Counted here so that nothing is
+        left out silently; keys are ``"batch(32, drop_last=True)"`` and
+        ``"even_batches (Loader)"``.
+
+        >>> import datapipes as dp
+        >>> loader = dp.Loader(dp.range(10).batch(4, drop_last=True))
+        >>> len(list(loader)), loader.dropped()
+        (2, {'batch(4, drop_last=True)': 2})
+        """
+        return worker_drop_counts(self._root)
 
     def close(self) -> None:
         """Stop background threads and release resources; the Loader can be iterated again.

@@ -10,6 +10,7 @@ import torch.utils.data
 from datapipes.placement import check_no_main_steps, check_replay_order
 from datapipes.topology import Topology
 from nodes import Context, Node
+from nodes.batch import drop_counts
 from nodes.errors import (
     InvalidStateError,
     check_losses,
@@ -130,7 +131,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
             # Checked before anything reads it, as a Loader checks its states: a hostile or
             # damaged state is an InvalidStateError naming the place, never a raw KeyError.
             keys = {"epoch", "consumer", "node", "skipped"}
-            expect_keys(pending, "state", keys, optional={"stats", "losses"})
+            expect_keys(pending, "state", keys, optional={"stats", "losses", "dropped"})
             expect_int(pending, "epoch", "state", 0)
             self._check_consumer(pending, ctx)
             ctx.epoch = pending["epoch"]
@@ -190,6 +191,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
         }
         if losses:  # what lost files and ranges held, for Loader.losses() in the main process
             state["losses"] = losses
+        dropped = {} if self._root is None else drop_counts(self._root)
+        if dropped:  # a short last batch dropped, for Loader.dropped() in the main process
+            state["dropped"] = dropped
         if self.stats:  # how per-step statistics reach a Loader's main process
             state["stats"] = rows
         return state
@@ -223,7 +227,10 @@ class TorchDataset(torch.utils.data.IterableDataset):
         that it could not resume: checked against the graph that worker builds, here.
         ``ended``: the worker had run out, which its graph, resumed, must confirm."""
         expect_keys(
-            state, path, {"epoch", "consumer", "node", "skipped"}, optional={"stats", "losses"}
+            state,
+            path,
+            {"epoch", "consumer", "node", "skipped"},
+            optional={"stats", "losses", "dropped"},
         )
         expect_int(state, "epoch", path, epoch, epoch)
         ours = [self.topology.rank, self.topology.world_size, worker_id, num_workers]

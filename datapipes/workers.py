@@ -15,6 +15,7 @@ from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from nodes import Context, Node
 from nodes.base import walk_graph
+from nodes.batch import drop_counts
 from nodes.errors import add_losses, loss_counts, skip_counts
 from nodes.workers import WorkerStreamNode
 
@@ -114,6 +115,15 @@ def worker_loss_counts(root: Node[Any] | None) -> dict[str, dict[str, int]]:
             # A step without lost files or ranges lost its bad records only.
             losses = lost.get(step) or {"records": skipped, "files": 0, "ranges": 0, "bytes": 0}
             add_losses(counts.setdefault(step, {}), losses)
+    return counts
+
+
+def worker_drop_counts(root: Node[Any] | None) -> dict[str, int]:
+    """Items dropped at the end of the epoch per step, here and in the worker processes."""
+    counts = drop_counts(root)
+    for state in worker_states(root):
+        for step, count in state.get("dropped", {}).items():
+            counts[step] = counts.get(step, 0) + count
     return counts
 
 

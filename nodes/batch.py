@@ -37,14 +37,20 @@ class BatchNode(Node):
         self._drop_last = drop_last
         self._collate = collate_fn
         self._src: Iterator[Any] = NotReset(self)
+        #: Items of a short last batch dropped this epoch (``drop_last=True``), reported by
+        #: ``Loader.dropped()``: nothing is left out without a count.
+        self.dropped = 0
+        self.drop_label = f"batch({size}, drop_last=True)"
 
     def reset(self, state: State | None = None) -> None:
         self._up.reset(state)
         self._src = iter(self._up)
+        self.dropped = 0
 
     def __next__(self) -> Any:
         batch = list(islice(self._src, self._size))
         if not batch or (self._drop_last and len(batch) < self._size):
+            self.dropped += len(batch)
             raise StopIteration
         return batch if self._collate is None else self._collate(batch)
 
@@ -66,6 +72,20 @@ class BatchNode(Node):
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         self._up.validate_state(state, path)  # its state is its input's, whatever it holds
+
+
+def drop_counts(root: Any) -> dict[str, int]:
+    """Items dropped at the end of this epoch by each step of a built graph that drops
+    (``batch(..., drop_last=True)``, ``even_batches``), keyed by the step."""
+    from nodes.base import walk_graph
+
+    counts: dict[str, int] = {}
+    for node in walk_graph(root):
+        dropped = getattr(node, "dropped", 0)
+        if dropped:
+            label = node.drop_label
+            counts[label] = counts.get(label, 0) + dropped
+    return counts
 
 
 def unbatch_items(batch: Any) -> list[Any]:

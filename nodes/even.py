@@ -131,6 +131,10 @@ class EvenBatchesNode(Node):
         self._granted = 0
         self._position: State | None = None
 
+    #: Items dropped at the end of this epoch so that every rank yields as many.
+    dropped = 0
+    drop_label = "even_batches (Loader)"
+
     def reset(self, state: State | None = None) -> None:
         self._up.reset(None if state is None else state[UPSTREAM])
         self._keep_states = self._agreement.lookahead > 1
@@ -138,6 +142,7 @@ class EvenBatchesNode(Node):
         # returned whenever a state can be taken; further ahead, each item keeps its own.
         self._position = self._up.state_dict() if self._keep_states else None
         self._yielded = 0 if state is None else int(state["yielded"])
+        self.dropped = 0
         self._final = False if state is None else bool(state["ended"])
         self._ahead.clear()
         self._granted = 0
@@ -169,6 +174,7 @@ class EvenBatchesNode(Node):
         # Fewer than asked for: some rank has run out, so this is the epoch's last grant.
         self._final = True
         dropped = len(ahead) - self._granted + sum(1 for _ in up)
+        self.dropped += dropped
         if dropped:
             warnings.warn(
                 f"even_batches: rank {self._rank} dropped its last {dropped} item(s) of epoch "
