@@ -7,6 +7,7 @@
 """
 
 from datapipes.combine import concat, mix, zip
+from datapipes.dcp_states import load_dcp_states
 from datapipes.elastic import merge_states
 from datapipes.files import FileList, files
 from datapipes.loader import InvalidStateError, Loader, StateMismatchError
@@ -43,6 +44,7 @@ __all__ = [
     "from_iterable",
     "from_sequence",
     "load_checkpoint",
+    "load_dcp_states",
     "merge_states",
     "mix",
     "no_collate",
