@@ -109,7 +109,9 @@ def test_positions_are_dealt_in_equal_runs_and_streams_round_robin():
 
 def test_records_deal_single_records_in_runs_and_file_rests_round_robin():
     singles = [{"file": 0, "part": [0, 1], "cursor": 64, "index": i, "one": True} for i in range(5)]
-    rests = [{"file": f, "part": [0, 1], "cursor": None, "index": 0, "one": False} for f in range(4)]
+    rests = [
+        {"file": f, "part": [0, 1], "cursor": None, "index": 0, "one": False} for f in range(4)
+    ]
     plans = el.deal({"r": {"kind": "records", "pieces": singles + rests}}, 2)
     assert [len([p for p in plan["r"] if p["one"]]) for plan in plans] == [2, 3]
     assert [[p["file"] for p in plan["r"] if not p["one"]] for plan in plans] == [[0, 2], [1, 3]]
