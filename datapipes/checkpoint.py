@@ -314,6 +314,59 @@ def rank_position(state: dict[str, Any], rank: int) -> tuple[int, Any]:
     return mine["epoch"], node_state(mine["node"], f"{rank_path(str(rank))}.node")
 
 
+def with_idle_ranks(state: dict[str, Any]) -> dict[str, Any]:
+    """A (checked) state with the ranks a merged state keeps as ranges (``"idle"``: at an
+    epoch's start, nothing read) written out as entries, like every other rank's."""
+    idle = state.get("idle")
+    if not idle:
+        return state
+    ranks = dict(state["ranks"])
+    for group in idle:
+        for first, last in group["ranks"]:
+            for rank in range(first, last + 1):
+                ranks[str(rank)] = {"epoch": group["epoch"], "node": None, "digest": None}
+    out = {key: value for key, value in state.items() if key != "idle"}
+    out["ranks"] = {rank: ranks[rank] for rank in sorted(ranks, key=int)}
+    return out
+
+
+def without_idle_ranks(state: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`with_idle_ranks`: ranks at an epoch's start with nothing else
+    to say (the ranks that finished their share, typically) kept as ranges, so a merged
+    state's size does not grow with them."""
+    kept: dict[str, Any] = {}
+    groups: dict[int, list[int]] = {}
+    for rank, entry in state["ranks"].items():
+        if (
+            set(entry) <= {"epoch", "node", "digest", "graph"}
+            and entry["node"] is None
+            and (entry.get("graph") is None)
+        ):
+            groups.setdefault(entry["epoch"], []).append(int(rank))
+        else:
+            kept[rank] = entry
+    if not kept:  # one entry at least, as every state has
+        epoch = min(groups)
+        first = min(groups[epoch])
+        groups[epoch].remove(first)
+        kept[str(first)] = {"epoch": epoch, "node": None, "digest": None}
+    idle = []
+    for epoch in sorted(groups):
+        spans: list[list[int]] = []
+        for rank in sorted(groups[epoch]):
+            if spans and spans[-1][1] == rank - 1:
+                spans[-1][1] = rank
+            else:
+                spans.append([rank, rank])
+        if spans:
+            idle.append({"epoch": epoch, "ranks": spans})
+    out = {key: value for key, value in state.items() if key not in ("ranks", "idle")}
+    out["ranks"] = kept
+    if idle:
+        out["idle"] = idle
+    return out
+
+
 def entry_plans(entry: dict[str, Any], epoch: int) -> list[Any] | None:
     """The consumers' plans a (checked) rank entry holds for ``epoch``, or ``None``."""
     plans = entry.get("plans")

@@ -35,7 +35,7 @@ def check_envelope(state: dict[str, Any]) -> None:
     """Refuse (:class:`nodes.errors.InvalidStateError`) a Loader state (of this version)
     whose envelope has a missing, unknown or mistyped field; node states are parsed, not
     checked against a graph (that needs the recipe: ``Loader.load_state_dict``)."""
-    expect_keys(state, "", _KEYS)
+    expect_keys(state, "", _KEYS, optional={"idle"})
     fingerprint = state["fingerprint"]
     if not isinstance(fingerprint, str):
         raise InvalidStateError("fingerprint", "the recipe's fingerprint (a string)", fingerprint)
@@ -50,10 +50,36 @@ def check_envelope(state: dict[str, Any]) -> None:
     expect_int(topology, "num_workers", "topology", 0)
     expect_bool(topology, "even_batches", "topology")
     ranks = state["ranks"]
-    if not isinstance(ranks, dict) or not ranks:
+    idle = state.get("idle", [])
+    if not isinstance(ranks, dict) or (not ranks and not idle):
         raise InvalidStateError("ranks", "a dict of ranks' positions, one at least", ranks)
     for rank, mine in ranks.items():
         check_rank(rank, mine, world_size)
+    check_idle(idle, set(ranks), world_size)
+
+
+def check_idle(idle: Any, ranks: set[str], world_size: int) -> None:
+    """Refuse a merged state's ``"idle"`` (ranks at an epoch's start, kept as ranges:
+    ``[{"epoch": 3, "ranks": [[0, 61]]}]``) that overlaps ``ranks`` or leaves the job."""
+    if not isinstance(idle, list):
+        raise InvalidStateError("idle", "a list of {epoch, ranks} groups", idle)
+    for i, group in enumerate(idle):
+        where = f"idle[{i}]"
+        expect_keys(group, where, {"epoch", "ranks"})
+        expect_int(group, "epoch", where, 0)
+        spans = group["ranks"]
+        if not isinstance(spans, list) or not all(
+            isinstance(s, list) and len(s) == 2 and all(is_int(r) for r in s) for s in spans
+        ):
+            raise InvalidStateError(f"{where}.ranks", "a list of [first, last] rank ranges", spans)
+        for first, last in spans:
+            if not 0 <= first <= last < world_size or any(
+                str(r) in ranks for r in range(first, last + 1)
+            ):
+                raise InvalidStateError(
+                    f"{where}.ranks", f"ranks in [0, {world_size}) not in ranks", [first, last]
+                )
+            ranks |= {str(r) for r in range(first, last + 1)}
 
 
 def check_rank(rank: Any, mine: Any, world_size: int) -> None:

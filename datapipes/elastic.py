@@ -62,6 +62,7 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError("merge_states needs the states of every rank, got none")
     for state in states:
         checkpoint.check_shape(state)
+    states = [checkpoint.with_idle_ranks(state) for state in states]
     first = states[0]
     ranks: dict[str, dict[str, Any]] = {}
     for state in states:
@@ -85,7 +86,7 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     resume_epoch(ranks)  # refuses ranks in epochs one checkpoint cannot hold
     merged = {key: first[key] for key in first if key != "ranks"}
     merged["ranks"] = _deduplicated_graphs({r: ranks[r] for r in sorted(ranks, key=int)})
-    return merged
+    return checkpoint.without_idle_ranks(merged)
 
 
 def _check_same_job(first: dict[str, Any], state: dict[str, Any]) -> None:
@@ -120,6 +121,7 @@ def _deduplicated_graphs(ranks: dict[str, dict[str, Any]]) -> dict[str, dict[str
 
 def covers_job(state: dict[str, Any]) -> bool:
     """Whether a (checked) state holds every rank of the job that saved it."""
+    state = checkpoint.with_idle_ranks(state)
     world_size = state["topology"]["world_size"]
     return all(str(r) in state["ranks"] for r in range(world_size))
 
@@ -153,7 +155,7 @@ def remaining_work(
     Raises :class:`nodes.elastic.ElasticResumeError` naming a step that has
     no exact answer.
     """
-    ranks = state["ranks"]
+    ranks = checkpoint.with_idle_ranks(state)["ranks"]
     epoch = resume_epoch(ranks)
     setup = checkpoint.saved_setup(state)
     works = []

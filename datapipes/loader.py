@@ -387,6 +387,7 @@ class Loader:
         :class:`datapipes.ElasticResumeError`) is refused, naming it.
         """
         checkpoint.check_recipe_of(state, self._fingerprint, self._steps)
+        state = checkpoint.with_idle_ranks(state)
         saved = state["topology"]
         same = (saved["world_size"], saved["num_workers"]) == (self.world_size, self.num_workers)
         if same and str(self.rank) in state["ranks"]:

@@ -1,11 +1,22 @@
-"""The command ``python -m datapipes inspect CHECKPOINT [--recipe MODULE:NAME] [--json]``.
+"""The command ``python -m datapipes inspect CHECKPOINT [CHECKPOINT ...] [--recipe MODULE:NAME]
+[--world-size N] [--num-workers K] [--json]``.
+
+Several checkpoints (one ``torch.save`` file per rank, say) are read together:
+the Loader states of one job found in them are merged (:func:`datapipes.merge_states`)
+and reported as one. For each state the report says whether it covers every
+rank of its job (then it can resume on any topology) or some ranks only.
 
 With ``--recipe`` the recipe it names is loaded (a DataPipe, a Loader, or a
 function returning one) and checked against each Loader state: the same
 fingerprint (else the steps that differ), a Loader per saved rank that
-accepts the state, and file readers that accept their saved positions.
+accepts the state, and file readers that accept their saved positions. For a
+state that covers its job, the report then says how much of the interrupted
+epoch remains, per source, and with ``--world-size``/``--num-workers`` how it
+would be dealt to the consumers of that topology.
 
-Exit status: 0 ok, 1 a recipe that cannot resume or no Loader state, 2 a usage error.
+Exit status: 0 ok; 1 a recipe that cannot resume, no Loader state, states of one
+job that do not merge, or a deal asked for (``--world-size``/``--num-workers``)
+that cannot be told; 2 a usage error.
 """
 
 from __future__ import annotations
@@ -23,7 +34,8 @@ from types import ModuleType
 from typing import Any
 
 from datapipes import checkpoint
-from datapipes.checkpoint import decode_state, find_loader_states, saved_setup, top_level
+from datapipes.checkpoint import decode_state, saved_setup, top_level
+from datapipes.inspect.job import elastic_report, gather
 from datapipes.inspect.load import CheckpointError, load_checkpoint
 from datapipes.inspect.render import as_json, render
 from datapipes.inspect.tree import RecipeGraph, recipe_graph
@@ -33,52 +45,95 @@ from nodes import FileListNode, FileReaderNode, Node
 from nodes import torchdata_adapter as torchdata
 
 
+def _count(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m datapipes inspect",
         description=(
-            "Show the datapipes Loader state(s) in a checkpoint (torch.save file, JSON file or "
-            "torch.distributed.checkpoint directory) and optionally check a recipe against it. "
-            "Exit status: 0 ok, 1 mismatch or no Loader state, 2 usage error."
+            "Show the datapipes Loader state(s) in checkpoints (torch.save files, JSON files or "
+            "torch.distributed.checkpoint directories; several files of one job, e.g. one per "
+            "rank, are merged), optionally check a recipe against them, and tell how much of "
+            "the epoch remains and how it would be dealt to another topology. Exit status: 0 "
+            "ok, 1 mismatch, no Loader state, states that do not merge or a deal that cannot "
+            "be told, 2 usage error."
         ),
     )
-    parser.add_argument("checkpoint", help="the checkpoint file or DCP directory")
+    parser.add_argument(
+        "checkpoint", nargs="+", help="checkpoint files or DCP directories (e.g. one per rank)"
+    )
     parser.add_argument(
         "--recipe",
         metavar="MODULE:NAME",
         help="a DataPipe, Loader or zero-argument function returning one (module or file.py)",
+    )
+    parser.add_argument(
+        "--world-size",
+        type=_count(1),
+        metavar="N",
+        help="show how the remaining work would be dealt to N ranks (needs --recipe)",
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=_count(0),
+        metavar="K",
+        help="... with K DataLoader workers per rank (default: the saved number)",
     )
     parser.add_argument("--json", action="store_true", help="print the decoded state as JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m datapipes inspect CHECKPOINT [--recipe MODULE:NAME] [--json]``; the exit code."""
+    """``python -m datapipes inspect CHECKPOINT [CHECKPOINT ...] [--recipe MODULE:NAME]
+    [--world-size N] [--num-workers K] [--json]``; the exit code."""
     args = _parser().parse_args(argv)
     try:
-        checkpoint = load_checkpoint(args.checkpoint)
+        loaded = [(name, load_checkpoint(name)) for name in args.checkpoint]
         pipe, loader = load_recipe(args.recipe) if args.recipe else (None, None)
     except CheckpointError as error:
         print(f"datapipes inspect: {error}", file=sys.stderr)
         return error.exit_code
-    found = find_loader_states(checkpoint)
-    if not found:
+    shown = gather(loaded)
+    if not shown:
+        where = ", ".join(f"{name!r} ({top_level(checkpoint)})" for name, checkpoint in loaded)
         print(
-            f"datapipes inspect: no datapipes Loader state in {args.checkpoint!r} (looked for a "
-            f"dict with 'version', 'fingerprint' and 'ranks'); {top_level(checkpoint)}",
+            f"datapipes inspect: no datapipes Loader state in {where} (looked for a dict with "
+            "'version', 'fingerprint' and 'ranks')",
             file=sys.stderr,
         )
         return 1
+    found = [(item.path, item.state) for item in shown]
     if pipe is not None:
         own = {} if loader is None else {"seed": loader.seed, "num_workers": loader.num_workers}
         checks = [check_recipe(state, pipe, **own) for _, state in found]
     else:  # the shape only: positions need the recipe (the data they point into)
         checks = [check_state(state) for _, state in found]
+    reports: list[dict[str, Any] | None] = []
+    for item in shown:
+        report = elastic_report(item.state, pipe, args.world_size, args.num_workers)
+        report.update(merged_from=item.merged_from, merge_problem=item.problem or None)
+        reports.append(report)
     if args.json:
-        print(json.dumps(as_json(args.checkpoint, found, checks), indent=2, default=str))
+        names = args.checkpoint[0] if len(args.checkpoint) == 1 else list(args.checkpoint)
+        out = as_json(names, found, checks, reports)
+        print(json.dumps(out, indent=2, default=str))
     else:
-        print(render(found, pipe, checks, args.recipe or ""))
-    return 1 if any(checks) else 0
+        print(render(found, pipe, checks, args.recipe or "", reports))
+    asked = args.world_size is not None or args.num_workers is not None
+    failed = any(checks) or any(item.problem for item in shown)
+    failed = failed or (asked and any(r is not None and r.get("problem") for r in reports))
+    return 1 if failed else 0
 
 
 def check_state(state: dict[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ import reprlib
 from typing import Any
 
 from datapipes.checkpoint import STATE_VERSION, decode_state
+from datapipes.inspect.job import plans_summary, ranks_text
 from datapipes.inspect.tree import Level, RecipeGraph, recipe_graph
 from datapipes.pipe import DataPipe
 from nodes import torchdata_adapter as torchdata
@@ -154,8 +155,15 @@ def render(
     pipe: DataPipe[Any] | None,
     checks: list[list[str]] | None,
     recipe_name: str = "recipe",
+    reports: list[dict[str, Any] | None] | None = None,
 ) -> str:
-    """The report on the Loader states ``found`` (and on ``checks``, one per state, if given)."""
+    """The report on the Loader states ``found`` (and on ``checks``, one per state, if given).
+
+    ``reports`` (one per state, see :func:`datapipes.inspect.job.elastic_report`,
+    with ``merged_from`` and ``merge_problem`` when several states were given)
+    add what the job's checkpoint covers, what remains of its epoch and how it
+    would be dealt to another topology.
+    """
     lines: list[str] = []
     # Without the recipe only the shape is checked: the positions point into data it names.
     check = f"recipe check ({recipe_name})" if pipe is not None else "state check (shape only)"
@@ -166,8 +174,9 @@ def render(
     )
     for index, (path, state) in enumerate(found):
         writer = Writer()
+        report = reports[index] if reports is not None else None
         try:
-            _render_state(writer, path, state, pipe)
+            _render_state(writer, path, state, pipe, report)
         except Exception as error:  # noqa: BLE001 - a malformed state is shown as it is
             writer.line(1, f"! cannot be shown level by level ({type(error).__name__}: {error})")
             writer.line(1, f"{reprlib.repr(state)}")
@@ -178,14 +187,30 @@ def render(
                     writer.line(2, text)
         elif checks is not None:
             writer.line(1, f"{check}: {passed}")
+        if report is not None:
+            render_job(writer, report)
         lines += ([""] if index else []) + writer.lines
     return "\n".join(lines)
 
 
 def _render_state(
-    writer: Writer, path: str, state: dict[str, Any], pipe: DataPipe[Any] | None
+    writer: Writer,
+    path: str,
+    state: dict[str, Any],
+    pipe: DataPipe[Any] | None,
+    report: dict[str, Any] | None = None,
 ) -> None:
-    writer.line(0, f"Loader state at {path!r}" if path else "Loader state at the top level")
+    merged_from = (report or {}).get("merged_from") or []
+    if merged_from and (report or {}).get("merge_problem"):
+        writer.line(0, f"Loader states from {len(merged_from)} places, shown together (not merged)")
+    elif merged_from:
+        writer.line(0, f"Loader state merged from {len(merged_from)} states (dp.merge_states)")
+        for source in merged_from:
+            writer.line(1, f"from {source!r}" if source else "from the top level")
+    else:
+        writer.line(0, f"Loader state at {path!r}" if path else "Loader state at the top level")
+    if (report or {}).get("merge_problem"):
+        writer.line(1, f"! {report['merge_problem']}")  # type: ignore[index]
     version = state.get("version")
     writer.line(1, f"version      {version}")
     if isinstance(version, int) and version < STATE_VERSION:
@@ -219,8 +244,14 @@ def _render_state(
             continue
         epoch = mine.get("epoch")
         writer.line(1, f"rank {rank}: epoch {epoch}")
+        if mine.get("plans") is not None:
+            writer.line(2, plans_text(mine, epoch))
         if mine.get("node") is None:
-            writer.line(2, f"no position: the next iteration runs epoch {epoch} from its start")
+            plans = plans_summary(mine, epoch if isinstance(epoch, int) else -1)
+            if plans is not None and plans.get("current"):
+                writer.line(2, f"no position: the next iteration reads its plan for epoch {epoch}")
+            else:
+                writer.line(2, f"no position: the next iteration runs epoch {epoch} from its start")
             continue
         saved = mine.get("graph") if isinstance(mine.get("graph"), dict) else None
         graph = RecipeGraph(saved)
@@ -233,16 +264,172 @@ def _render_state(
 
 
 def as_json(
-    checkpoint: str, found: list[tuple[str, dict[str, Any]]], checks: list[list[str]] | None
+    checkpoint: str | list[str],
+    found: list[tuple[str, dict[str, Any]]],
+    checks: list[list[str]] | None,
+    reports: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """The report as JSON data: each Loader state decoded, and the recipe checks if made."""
-    out: dict[str, Any] = {
-        "checkpoint": checkpoint,
-        "loader_states": [{"path": path, "state": decode_state(state)} for path, state in found],
-    }
+    """The report as JSON data: each Loader state decoded, the recipe checks if made, and
+    per state (``reports``) what it covers, what remains of its epoch and how it is dealt
+    (under ``"job"``; see :func:`datapipes.inspect.job.elastic_report`)."""
+    states = []
+    for index, (path, state) in enumerate(found):
+        entry = {"path": path, "state": decode_state(state)}
+        if reports is not None and reports[index] is not None:
+            entry["job"] = reports[index]
+        states.append(entry)
+    out: dict[str, Any] = {"checkpoint": checkpoint, "loader_states": states}
     if checks is not None:
         out["recipe_check"] = [
             {"path": path, "ok": not problems, "problems": problems}
             for (path, _), problems in zip(found, checks)
         ]
     return out
+
+
+# ----- the job: what the checkpoint covers, what remains, how it is dealt ---------------------
+
+#: Consumers listed one per line in a deal; the rest are counted (``--json`` has them all).
+_CONSUMERS_SHOWN = 16
+
+
+def plans_text(entry: dict[str, Any], epoch: Any) -> str:
+    """The line saying what plans a rank entry holds (a resume on another topology)."""
+    summary = plans_summary(entry, epoch if isinstance(epoch, int) else -1)
+    if summary is None:
+        return f"plans: {scalar(entry.get('plans'))}"
+    if "problem" in summary:
+        return f"! plans: {summary['problem']}"
+    consumers = summary["consumers"]
+    noun = (
+        "consumer's plan holds"
+        if len(consumers) == 1
+        else f"{len(consumers)} consumers' plans hold"
+    )
+    held = f"its {noun} {summary['pieces']} pieces"
+    totals = _added([source for plan in consumers for source in plan.values()])
+    what = "; ".join(source_text(t, held="single records") for t in totals)
+    if summary["current"]:
+        return f"dealt by a resume from another topology: {held} of epoch {summary['epoch']}" + (
+            f" ({what})" if what else ""
+        )
+    return f"plans of epoch {summary['epoch']} (done; no longer read): {held}"
+
+
+def _added(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Summaries of one kind added up (the plans of several consumers)."""
+    out: dict[str, dict[str, Any]] = {}
+    for source in sources:
+        total = out.setdefault(source["kind"], {"kind": source["kind"]})
+        for key, value in source.items():
+            if key == "kind":
+                continue
+            if value is None or total.get(key, 0) is None:
+                total[key] = None
+            elif isinstance(value, int):
+                total[key] = total.get(key, 0) + value
+    return list(out.values())
+
+
+def source_text(summary: dict[str, Any], held: str = "records read but not delivered") -> str:
+    """What one source's remaining work holds, in words (``held``: what single records are).
+
+    >>> source_text({"kind": "positions", "pieces": 3, "items": 38, "partial": 0})
+    '38 items'
+    >>> source_text({"kind": "records", "pieces": 5, "held": 3, "whole": 1, "started": 1})
+    '3 records read but not delivered, then the rest of 2 files/parts (1 untouched, 1 started)'
+    """
+    kind = summary["kind"]
+    if kind in ("positions", "stream"):
+        items = summary.get("items")
+        text = f"{items} items" if items is not None else f"an open stream tail ({kind})"
+        if summary.get("partial"):
+            text += f", {summary['partial']} of them partly expanded by a flat_map"
+        return text
+    if kind == "files":
+        return f"{summary.get('items')} files"
+    parts = []
+    if summary.get("held"):
+        parts.append(f"{summary['held']} {held}")
+    whole, started = summary.get("whole") or 0, summary.get("started") or 0
+    if whole or started:
+        noun = "file/part" if whole + started == 1 else "files/parts"
+        rests = f"the rest of {whole + started} {noun} ({whole} untouched, {started} started)"
+        parts.append(("then " if parts else "") + rests)
+    return ", ".join(parts) or "nothing"
+
+
+def _status_text(status: dict[str, dict[str, Any]], epoch: int) -> str:
+    groups: dict[str, list[int]] = {}
+    for rank, entry in status.items():
+        groups.setdefault(entry["status"], []).append(int(rank))
+    parts = []
+    for name, ranks in groups.items():
+        noun = "rank" if len(ranks) == 1 else "ranks"
+        what = f"finished it (at epoch {epoch + 1})" if name == "finished" else name
+        parts.append(f"{noun} {ranks_text(ranks)} {what}")
+    return f"epoch {epoch}: " + ", ".join(parts)
+
+
+def _topology_text(world_size: int, num_workers: int) -> str:
+    return f"world size {world_size}, {num_workers} workers per rank"
+
+
+def render_job(writer: Writer, report: dict[str, Any]) -> None:
+    """The job part of a state's report (see :func:`datapipes.inspect.job.elastic_report`)."""
+    if "coverage" not in report:
+        if report.get("problem"):
+            writer.line(1, f"job: ! {report['problem']}")
+        return
+    writer.line(1, f"job          {report['coverage']}")
+    if "rank_status" in report:
+        writer.line(2, _status_text(report["rank_status"], report["epoch"]))
+        planned = [int(r) for r, s in report["rank_status"].items() if s.get("plans")]
+        if planned:
+            noun = "rank {} holds" if len(planned) == 1 else "ranks {} hold"
+            writer.line(2, f"{noun.format(ranks_text(planned))} plans dealt by an elastic resume")
+    remaining = report.get("remaining")
+    if report.get("needs_recipe") and not report.get("problem"):
+        writer.line(
+            1,
+            "remaining    the remaining work and its deal need the recipe (--recipe MODULE:NAME): "
+            "the positions point into the data it names",
+        )
+    elif remaining is not None:
+        if remaining["whole_epoch"]:
+            writer.line(
+                1,
+                f"remaining    the whole of epoch {remaining['epoch']} (no rank had started it): "
+                "a fresh epoch of any topology deals it",
+            )
+        else:
+            writer.line(1, f"remaining    of epoch {remaining['epoch']}")
+            for source in remaining["sources"]:
+                writer.line(2, f"{source['label']} ({source['kind']}): {source_text(source)}")
+    deal = report.get("deal")
+    if deal is not None and deal.get("consumers") is not None:
+        topology = _topology_text(deal["world_size"], deal["num_workers"])
+        if deal.get("exact_resume"):
+            writer.line(
+                1,
+                f"on {topology} (the saved topology): each rank resumes exactly where it "
+                "stopped, nothing is dealt again",
+            )
+        else:
+            writer.line(1, f"dealt to {topology}")
+        consumers = deal["consumers"]
+        for consumer in consumers[:_CONSUMERS_SHOWN]:
+            name = f"rank {consumer['rank']}"
+            if consumer.get("worker") is not None:
+                name += f" worker {consumer['worker']}"
+            what = (
+                "; ".join(f"{s['label']}: {source_text(s)}" for s in consumer["sources"])
+                or "nothing"
+            )
+            writer.line(2, f"{name}: {what}")
+        if len(consumers) > _CONSUMERS_SHOWN:
+            more = len(consumers) - _CONSUMERS_SHOWN
+            writer.line(2, f"... and {more} more consumers (--json lists every one)")
+    if report.get("problem"):
+        label = "cannot resume elsewhere" if report.get("refused") else "not told"
+        writer.line(1, f"! {label}: {report['problem']}")
