@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, islice
 from typing import Any
@@ -78,12 +79,15 @@ class SequenceNode(Node):
             c, total = self._ctx.consumer_index, self._ctx.num_consumers
             return c + total * np.arange(lo, hi, dtype=np.int64)
         parts = []
-        for piece, first in zip(self._plan, self._plan_starts):
+        i = max(0, bisect_right(self._plan_starts, lo) - 1)  # the first piece in [lo, hi)
+        while i < len(self._plan) and self._plan_starts[i] < hi:
+            piece, first = self._plan[i], self._plan_starts[i]
             length = el.piece_length(piece) or 0
             a, b = max(lo, first), min(hi, first + length)
             if a < b:
                 start, _, step = piece["range"]
                 parts.append(start + step * np.arange(a - first, b - first, dtype=np.int64))
+            i += 1
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def reset(self, state: State | None = None) -> None:
