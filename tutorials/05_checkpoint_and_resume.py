@@ -12,8 +12,9 @@
 # resumes **in a new Python process**, and checks that the batches and the
 # final weights equal the uninterrupted run's, bit for bit. Then it opens the
 # data state, shows what protects you from loading it into the wrong recipe,
-# and does the same with worker processes and with
-# `torch.distributed.checkpoint`.
+# does the same with worker processes and with
+# `torch.distributed.checkpoint`, and finally resumes a 3-rank job on 2
+# ranks (elastic resume): every remaining record exactly once.
 # Run `python tutorials/05_checkpoint_and_resume.py`; it asserts what it shows.
 
 # %%
@@ -301,7 +302,10 @@ assert "epoch 1" in shown.stdout
 # Positions only mean something in the recipe that produced them: 10 batches
 # of 16 are not 10 batches of 32. Loading into a different recipe raises
 # `dp.StateMismatchError` with a diff of the steps, instead of silently
-# resuming somewhere else. Another seed or topology is refused the same way.
+# resuming somewhere else. Another seed is refused the same way. (Another
+# world size or `num_workers` is not refused for a state that covers every
+# rank of its job, as this one-rank state does: see "Resume on fewer ranks"
+# at the end.)
 # The file pattern is part of the recipe too: the same shards under another
 # path are another recipe (refused, and shuffled in another order), so resume
 # with the data where it was.
@@ -420,6 +424,184 @@ tail_d = train(model, optimizer, loader)
 assert head_d + tail_d == reference
 assert all(torch.equal(v, reference_weights[k]) for k, v in model.state_dict().items())
 print("DCP: resumed stream and weights identical to the uninterrupted run")
+
+# %% [markdown]
+# ## Resume on fewer ranks (elastic resume)
+#
+# Jobs get rescheduled: a job that ran on 3 GPUs comes back on 2, or with
+# another `num_workers`. A rank's own state resumes only that rank on the
+# saved topology; for another one, **merge** the states that every rank
+# saved at one checkpoint with `dp.merge_states(states)` and give the merged
+# state to every new rank's `load_state_dict`. A merged state (or the state of
+# a one-rank job) loads on any `rank`, `world_size` and `num_workers`:
+#
+# * on the saved topology the resumed stream is bit-identical, as above;
+# * on another one, the interrupted epoch's remaining items are dealt to
+#   the new ranks, each exactly once, including the items that were read but
+#   not delivered (here: the records waiting in each rank's shuffle buffer).
+#   The order may differ from the uninterrupted run's; the set may not;
+# * the epoch after it is a fresh epoch of the new topology.
+#
+# Here a 3-rank job runs in this one process (`rank=r, world_size=3`, no
+# `torch.distributed` needed): each rank takes some steps (not the same
+# number: ranks need not be in step), saves its own file with
+# `dp.save_checkpoint` as a real rank would, and the job "dies". The
+# recipe batches with `drop_last=True` this time, to show where its drops go.
+
+# %%
+OLD_RANKS, NEW_RANKS = 3, 2
+
+
+def elastic_recipe(folder: str) -> dp.DataPipe:
+    return (
+        dp.files(f"{folder}/train-*.jsonl")
+        .shuffle()
+        .read_jsonl()
+        .map(to_tensors)
+        .shuffle(buffer_size=64)
+        .batch(BATCH, drop_last=True)  # each consumer drops its short last batch
+    )
+
+
+delivered = []  # the ids every rank's training loop received before the checkpoint
+rank_files = []
+for rank, steps in enumerate([3, 5, 4]):  # each rank: a few training steps into epoch 0
+    loader = dp.Loader(elastic_recipe(str(folder)), seed=SEED, rank=rank, world_size=OLD_RANKS)
+    batches = iter(loader)
+    for _ in range(steps):
+        delivered += next(batches)["id"].tolist()  # ... a training step ...
+    rank_files.append(folder / f"elastic-rank{rank}.pt")
+    dp.save_checkpoint({"data": loader.state_dict()}, rank_files[-1])  # + model, optimizer
+    loader.close()
+print(f"{OLD_RANKS} ranks delivered {len(delivered)} of {len(ALL_IDS)} records of epoch 0")
+
+# %% [markdown]
+# The restarted job has 2 ranks. Every new rank reads **all** the old
+# ranks' files and merges them: `merge_states` is a pure function, so each
+# rank computes the same merged state, and from it the same deal, without
+# talking to the others. It refuses a list with a rank missing (or states of
+# different checkpoints, recipes or seeds), saying which. The merged state is
+# plain data like every Loader state: it can be saved as a file of its own
+# with `dp.save_checkpoint` and read back with `dp.load_checkpoint`.
+
+# %%
+states = [dp.load_checkpoint(path)["data"] for path in rank_files]
+try:
+    dp.merge_states(states[:2])
+except dp.StateMismatchError as error:
+    print(error)
+    assert "rank(s) [2] are missing" in str(error)
+else:
+    raise AssertionError("a merge without rank 2 must be refused")
+
+merged = dp.merge_states(states)  # in any order
+dp.save_checkpoint({"data": merged}, folder / "elastic-merged.pt")
+merged = dp.load_checkpoint(folder / "elastic-merged.pt")["data"]
+print(f"merged state: ranks {sorted(merged['ranks'])}, {len(json.dumps(merged))} bytes of JSON")
+
+new_ranks = [
+    dp.Loader(elastic_recipe(str(folder)), seed=SEED, rank=rank, world_size=NEW_RANKS)
+    for rank in range(NEW_RANKS)
+]
+for loader in new_ranks:
+    loader.load_state_dict(merged)  # every new rank loads the same merged state
+assert all(loader.epoch == 0 for loader in new_ranks)  # the interrupted epoch continues
+after = [[i for batch in loader for i in batch["id"].tolist()] for loader in new_ranks]
+drops = [loader.dropped() for loader in new_ranks]
+for rank in range(NEW_RANKS):
+    print(
+        f"new rank {rank}: {len(after[rank])} records of the rest of epoch 0, dropped {drops[rank]}"
+    )
+
+every = delivered + after[0] + after[1]
+assert len(every) == len(set(every))  # no record twice: nothing repeated
+missing = sorted(set(ALL_IDS) - set(every))
+dropped = sum(count for counts in drops for count in counts.values())
+assert len(missing) == dropped  # what never arrived is exactly what drop_last dropped, counted
+assert all(count < BATCH for counts in drops for count in counts.values())  # a short batch each
+print(f"before + after: {len(every)} records once each, + {dropped} dropped = {len(ALL_IDS)}")
+
+# %% [markdown]
+# `loader.dropped()` reports what `batch(..., drop_last=True)` dropped at the
+# end of the epoch: after the resume, each *new* rank's short last batch
+# (records, per step). Without `drop_last` (and without `even_batches`, whose
+# drops it counts too), before plus after is the epoch exactly, as the DCP
+# case below shows. The two new ranks' shares differ in size: the rests of
+# files that were being read and the untouched files are dealt whole,
+# round-robin, so with few files the shares are uneven (with many small
+# files they even out). The next epoch is an ordinary epoch of the 2-rank
+# job: the same batches as a fresh 2-rank Loader's epoch 1.
+
+# %%
+next_epoch = [[batch["id"].tolist() for batch in loader] for loader in new_ranks]  # epoch 1
+fresh = [
+    dp.Loader(elastic_recipe(str(folder)), seed=SEED, rank=rank, world_size=NEW_RANKS)
+    for rank in range(NEW_RANKS)
+]
+for loader in fresh:
+    loader.set_epoch(1)
+assert next_epoch == [[batch["id"].tolist() for batch in loader] for loader in fresh]
+print(
+    f"epoch 1 on {NEW_RANKS} ranks: {[len(b) for b in next_epoch]} batches, as a fresh 2-rank job"
+)
+
+# %% [markdown]
+# ### With `torch.distributed.checkpoint`
+#
+# With DCP every rank saves the Loader itself in its `dcp.save` dict (as in
+# the section above) and so writes its own position. On resume, **every**
+# new rank reads all the saved positions, merged, in two lines:
+#
+# ```python
+# state = dp.load_dcp_states(path, key="data")  # every saved rank, merged
+# loader.load_state_dict(state)
+# ```
+#
+# and loads the model and optimizer with `dcp.load` as usual, *without* the
+# Loader in that dict (`dcp.load` would hand it only the position saved under
+# its own rank number). `load_dcp_states` runs no collective and needs no
+# process group. Below it reads the one-rank DCP checkpoint of the previous
+# section (10 batches into epoch 1), and two ranks finish that epoch: a
+# one-rank job's state covers its whole job, so it needs no merging.
+
+# %%
+state = dp.load_dcp_states(dcp_folder, key="data")
+two_ranks = [
+    dp.Loader(make_recipe(str(folder)), seed=SEED, rank=rank, world_size=2) for rank in range(2)
+]
+for loader in two_ranks:
+    loader.load_state_dict(state)
+assert all(loader.epoch == 1 for loader in two_ranks)
+rest = [[i for batch in loader for i in batch["id"].tolist()] for loader in two_ranks]
+before = [i for ids in in_epoch(head_d, 1) for i in ids]
+assert sorted(before + rest[0] + rest[1]) == ALL_IDS  # epoch 1 exactly once, across 2 ranks
+print(f"DCP, 1 rank -> 2: {len(before)} records before, {[len(r) for r in rest]} after")
+
+# %% [markdown]
+# ### What is refused
+#
+# Some steps have no exact answer on another topology, and the load raises
+# `dp.ElasticResumeError` (a `dp.StateMismatchError`) naming the step and
+# why, instead of guessing. `dp.range(100).take(10)` takes 10 items *per
+# consumer*: 30 on 3 ranks, 20 on 2, so "the rest of the epoch" on 2 ranks
+# does not exist. On the saved topology the same merged state loads and
+# resumes exactly. (The README lists every step that is refused.)
+
+# %%
+take_pipe = dp.range(100).take(10)
+takers = [dp.Loader(take_pipe, rank=rank, world_size=OLD_RANKS) for rank in range(OLD_RANKS)]
+take_batches = [iter(loader) for loader in takers]
+for batches in take_batches:
+    next(batches)
+merged_take = dp.merge_states([loader.state_dict() for loader in takers])
+try:
+    dp.Loader(take_pipe, rank=0, world_size=NEW_RANKS).load_state_dict(merged_take)
+except dp.ElasticResumeError as error:
+    print(error)
+    assert "'take'" in str(error)
+else:
+    raise AssertionError("take() must not resume on another world size")
+dp.Loader(take_pipe, rank=0, world_size=OLD_RANKS).load_state_dict(merged_take)  # same: fine
 
 # %% [markdown]
 # ## When to checkpoint
