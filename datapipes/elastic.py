@@ -307,6 +307,37 @@ def _worker_positions(
             root.close()
 
 
+def validate_plans(
+    pipe: DataPipe[Any],
+    setup: dict[str, Any],
+    rank: int,
+    epoch: int,
+    plans: list[Any],
+    listings: Any,
+    path: str,
+) -> None:
+    """Refuse (``InvalidStateError`` naming the place) a rank's consumers' plans that its
+    sources could not read: positions past the data, files past the listing, bad cursors."""
+    part = split_main_steps(pipe)[0] if setup["num_workers"] else pipe
+    if len(plans) != max(setup["num_workers"], 1):
+        raise InvalidStateError(path, f"{max(setup['num_workers'], 1)} plans", len(plans))
+    for worker, plan in enumerate(plans):
+        root = part.build(_context(setup, rank, worker, epoch, plans, listings))
+        try:
+            places = set()
+            for node in walk_graph(root):
+                if node.elastic == "source" and getattr(node, "place", None) in plan:
+                    places.add(node.place)
+                    node.validate_plan(plan[node.place], f"{path}[{worker}][{node.place!r}]")
+            unknown = set(plan) - places
+            if unknown:
+                raise InvalidStateError(
+                    f"{path}[{worker}]", "plans of this recipe's sources", sorted(unknown)
+                )
+        finally:
+            root.close()
+
+
 # ----- dealing ------------------------------------------------------------------------------
 
 

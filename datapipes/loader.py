@@ -398,6 +398,17 @@ class Loader:
             plans = checkpoint.entry_plans(entry, epoch)
             deal = None
             if plans is not None:
+                setup = checkpoint.saved_setup(state)
+                where = f"{checkpoint.rank_path(self.rank)}.plans.text.consumers"
+                elastic.validate_plans(
+                    self.pipe,
+                    setup,
+                    self.rank,
+                    epoch,
+                    plans,
+                    self._listings.get(self._context),
+                    where,
+                )
                 deal = (epoch, self._full_deal(state, epoch, plans))
             if node is not None:
                 self._validate_position(epoch, node, deal)

@@ -303,6 +303,9 @@ class Node(Iterator[T]):
             "feeds a step that holds items, and cannot say which source item its items came from",
         )
 
+    def validate_plan(self, plan: Any, path: str) -> None:
+        """Refuse (``InvalidStateError``) a dealt share a source could not read (sources)."""
+
     def in_flight(self) -> list[Any]:
         """``(place, piece)`` of every item this node holds (read, not yet returned)."""
         return []

@@ -297,6 +297,66 @@ def _fold_residues(pieces: list[Piece]) -> list[Piece]:
     return out
 
 
+def check_positions(pieces: Any, path: str, end: int | None) -> None:
+    """Refuse a plan's positions pieces outside ``[0, end)`` (``end=None``: a stream)."""
+    from nodes.errors import InvalidStateError
+    from nodes.state_checks import check_int, expect_keys
+
+    if not isinstance(pieces, list):
+        raise InvalidStateError(path, "a list of pieces", pieces)
+    for i, piece in enumerate(pieces):
+        where = f"{path}[{i}]"
+        expect_keys(piece, where, {"range"}, optional={"outputs", "from", "upto"})
+        bounds = piece["range"]
+        if not isinstance(bounds, list) or len(bounds) != 3:
+            raise InvalidStateError(f"{where}.range", "[start, stop, step]", bounds)
+        start = check_int(bounds[0], f"{where}.range[0]", 0, None if end is None else end - 1)
+        step = check_int(bounds[2], f"{where}.range[2]", 1)
+        if bounds[1] is None and end is not None:
+            raise InvalidStateError(f"{where}.range[1]", f"a stop <= {end}", None)
+        if bounds[1] is not None:
+            check_int(
+                bounds[1], f"{where}.range[1]", start + 1, end if end is None else end + step - 1
+            )
+        _check_selection(piece, where)
+
+
+def check_records(pieces: Any, path: str, files: int) -> None:
+    """Refuse a plan's records pieces whose file, part or index cannot be in the listing."""
+    from nodes.errors import InvalidStateError
+    from nodes.state_checks import check_int, expect_bool, expect_int, expect_keys
+
+    if not isinstance(pieces, list):
+        raise InvalidStateError(path, "a list of pieces", pieces)
+    for i, piece in enumerate(pieces):
+        where = f"{path}[{i}]"
+        keys = {"file", "part", "cursor", "index", "one"}
+        expect_keys(piece, where, keys, optional={"outputs", "from", "upto"})
+        expect_int(piece, "file", where, 0, files - 1)
+        part = piece["part"]
+        if not isinstance(part, list) or len(part) != 2:
+            raise InvalidStateError(f"{where}.part", "[part, parts]", part)
+        parts = check_int(part[1], f"{where}.part[1]", 1)
+        check_int(part[0], f"{where}.part[0]", 0, parts - 1)
+        expect_int(piece, "index", where)
+        expect_bool(piece, "one", where)
+        _check_selection(piece, where)
+
+
+def _check_selection(piece: Piece, path: str) -> None:
+    from nodes.errors import InvalidStateError
+    from nodes.state_checks import check_int
+
+    for key in ("from", "upto"):
+        if key in piece:
+            check_int(piece[key], f"{path}.{key}", 0)
+    outputs = piece.get("outputs", [])
+    if not isinstance(outputs, list) or len(set(map(repr, outputs))) != len(outputs):
+        raise InvalidStateError(f"{path}.outputs", "a list of distinct output indices", outputs)
+    for j, value in enumerate(outputs):
+        check_int(value, f"{path}.outputs[{j}]", 0)
+
+
 # ----- dealing --------------------------------------------------------------------------------
 
 

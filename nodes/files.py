@@ -255,6 +255,9 @@ class FileListNode(Node):
         validate_file_list(self._files, units, state, path)
 
     # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def validate_plan(self, plan: Any, path: str) -> None:
+        el.check_records(plan, path, len(self._files.urls))
+
     def last_origin(self) -> el.Origin:
         unit = self._units[list_iterator_position(self._it, len(self._mine)) - 1]
         return self.place, unit_piece(unit)  # type: ignore[return-value]

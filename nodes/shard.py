@@ -128,6 +128,9 @@ class ShardNode(Node):
         self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
 
     # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def validate_plan(self, plan: Any, path: str) -> None:
+        el.check_positions(plan, path, None)
+
     def last_origin(self) -> el.Origin:
         position = self._position()[1] - 1
         piece = el.single(position, self._selections.get(position))

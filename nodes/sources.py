@@ -160,6 +160,9 @@ class SequenceNode(Node):
         expect_int(state, "position", path, 0, self._local_length())
 
     # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def validate_plan(self, plan: Any, path: str) -> None:
+        el.check_positions(plan, path, len(self._seq))
+
     def last_origin(self) -> el.Origin:
         k = self.position() - 1
         if self._plan is not None:

@@ -188,6 +188,18 @@ class FileReaderNode(Node):
         validate_reader(self._files, self._format, self._consumer_units()[0], state, path)
 
     # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def validate_plan(self, plan: Any, path: str) -> None:
+        from nodes.file_states import check_cursor
+
+        el.check_records(plan, path, len(self._files.urls))
+        for i, piece in enumerate(plan):
+            if piece["cursor"] is not None:
+                source = self._files.source(piece["file"])
+                part, parts = piece["part"]
+                check_cursor(
+                    self._format, source, piece["cursor"], part, parts, f"{path}[{i}].cursor"
+                )
+
     def last_origin(self) -> el.Origin:
         at = self._at
         index = at.first + list_iterator_position(at.records, at.length) - 1
