@@ -345,3 +345,267 @@ def test_a_worker_that_has_not_read_yet_is_at_the_start_of_the_epoch():
     loader.close()
     assert text.count("at the start of the epoch") == 2, text
     assert "None" not in text, text
+
+
+# ----- a job of several ranks: merged, what remains, how it is dealt ---------------------------
+
+JOB_RECIPE = """
+import datapipes as dp
+
+DATA = {data!r}
+
+
+def ident(record):
+    return record["id"]
+
+
+ranged = dp.range(100).shuffle(buffer_size=8).batch(4)
+records = dp.files(DATA + "/p*.jsonl").read_jsonl().map(ident).shuffle(buffer_size=8).batch(4)
+taken = dp.range(100).take(60).batch(4)
+"""
+
+#: Batches of 4 each rank of the 3-rank job returned before its checkpoint.
+BATCHES = [2, 3, 1]
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A recipe file (ranged/records/taken) over 4 JSONL files of 50 records each."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in range(4):
+        lines = [json.dumps({"id": f * 50 + i}) for i in range(50)]
+        (data / f"p{f}.jsonl").write_text("\n".join(lines) + "\n")
+    path = tmp_path / "job_recipe.py"
+    path.write_text(JOB_RECIPE.format(data=str(data)))
+    return path
+
+
+def job_loaders(pipe, world_size: int) -> list:
+    return [
+        dp.Loader(pipe, seed=3, rank=r, world_size=world_size, even_batches=False)
+        for r in range(world_size)
+    ]
+
+
+def save_ranks(tmp_path: Path, name: str, loaders, batches) -> list[str]:
+    """Each rank takes its batches, then saves its own state (as a training job would)."""
+    for loader, count in zip(loaders, batches):
+        if not count:
+            continue  # iter() would start its next epoch
+        it = iter(loader)
+        for _ in range(count):
+            next(it)
+    paths = []
+    for rank, loader in enumerate(loaders):
+        paths.append(str(tmp_path / f"{name}-rank{rank}.pt"))
+        torch.save({"model": {"w": torch.ones(2)}, "data": loader.state_dict()}, paths[-1])
+    return paths
+
+
+def three_rank_job(job, tmp_path, name: str = "ranged") -> tuple[object, list[str]]:
+    pipe = load_recipe(f"{job}:{name}")[0]
+    return pipe, save_ranks(tmp_path, name, job_loaders(pipe, 3), BATCHES)
+
+
+def delivered(loader) -> list[int]:
+    return [int(x) for batch in loader for x in batch.tolist()]
+
+
+def test_three_rank_files_merge_into_one_state_that_covers_the_job(job, tmp_path, capsys):
+    _, paths = three_rank_job(job, tmp_path)
+
+    code, out, err = run_main(capsys, paths[2], paths[0], paths[1])  # any order
+
+    assert code == 0, err
+    assert out.startswith("Loader state merged from 3 states (dp.merge_states)")
+    assert all(f"from '{path}:data'" in out for path in paths)
+    assert "covers ranks 0-2 of 3: can resume on any topology" in out
+    assert "epoch 0: ranks 0-2 mid-epoch" in out
+    for rank in range(3):  # each rank's position, once, under the merged state
+        assert out.count(f"rank {rank}: epoch 0") == 1
+    # without the recipe, what remains is not told, and the report says why
+    assert "need the recipe (--recipe MODULE:NAME)" in out
+    assert "(positions)" not in out
+    # the merged state keeps one graph record: every rank's levels are still labelled
+    assert out.count("upstream: dp.range(100) (sequence source)") == 3
+
+
+def test_remaining_work_and_its_deal_to_two_ranks_match_a_real_resume(job, tmp_path, capsys):
+    pipe, paths = three_rank_job(job, tmp_path)
+
+    code, out, err = run_main(capsys, *paths, "--recipe", f"{job}:ranged", "--world-size", "2")
+
+    assert code == 0, out + err
+    left = 100 - 4 * sum(BATCHES)  # 76: every item not returned to the training loop
+    assert f"dp.range(100) (positions): {left} items" in out
+    assert "dealt to world size 2, 0 workers per rank" in out
+    # what the report deals is what two resumed ranks then deliver, each item once
+    merged = dp.merge_states([torch.load(p, weights_only=True)["data"] for p in paths])
+    rest = []
+    for rank, loader in enumerate(job_loaders(pipe, 2)):
+        loader.load_state_dict(merged)
+        mine = delivered(loader)
+        assert f"rank {rank}: dp.range(100): {len(mine)} items" in out
+        rest += mine
+    assert len(rest) == len(set(rest)) == left
+
+    code, out, _ = run_main(
+        capsys, *paths, "--recipe", f"{job}:ranged", "--world-size", "1", "--num-workers", "4"
+    )
+    assert code == 0
+    shares = [f"rank 0 worker {w}: dp.range(100): 19 items" for w in range(4)]  # 76 / 4
+    assert all(share in out for share in shares), out
+
+
+def test_records_read_but_not_delivered_are_counted_apart(job, tmp_path, capsys):
+    _, paths = three_rank_job(job, tmp_path, "records")
+
+    code, out, _ = run_main(capsys, *paths, "--recipe", f"{job}:records", "--world-size", "2")
+
+    assert code == 0, out
+    # each rank's shuffle buffer holds 8 records read but not returned; each rank is
+    # inside its first file (at most 8 + 12 of its 50 records read), the 4th file untouched
+    expected = (
+        "(records): 24 records read but not delivered, "
+        "then the rest of 4 files/parts (1 untouched, 3 started)"
+    )
+    assert expected in out
+    dealt = [
+        line for line in out.splitlines() if line.strip().startswith("rank ") and ": dp." in line
+    ]
+    held = [int(line.split(": ")[-1].split(" records")[0]) for line in dealt]
+    assert len(dealt) == 2 and sum(held) == 24
+
+
+def test_the_saved_topology_resumes_each_rank_where_it_stopped(job, tmp_path, capsys):
+    _, paths = three_rank_job(job, tmp_path)
+
+    code, out, _ = run_main(capsys, *paths, "--recipe", f"{job}:ranged", "--world-size", "3")
+
+    assert code == 0
+    assert "(the saved topology): each rank resumes exactly where it stopped" in out
+    for rank, count in enumerate(BATCHES):  # 100 items dealt 34/33/33 by the shuffle's ranks
+        share = len(range(rank, 100, 3))
+        assert f"rank {rank}: dp.range(100): {share - 4 * count} items" in out
+
+
+def test_a_rank_that_finished_its_share_is_told_apart(job, tmp_path, capsys):
+    pipe = load_recipe(f"{job}:ranged")[0]
+    loaders = job_loaders(pipe, 3)
+    list(loaders[2])  # rank 2 ends epoch 0: its state is at the start of epoch 1
+    paths = save_ranks(tmp_path, "finished", loaders, [1, 2, 0])
+
+    code, out, _ = run_main(capsys, *paths, "--recipe", f"{job}:ranged", "--json")
+
+    assert code == 0
+    report = json.loads(out)["loader_states"][0]["job"]
+    assert report["epoch"] == 0
+    assert report["rank_status"]["2"] == {"epoch": 1, "status": "finished", "plans": None}
+    [source] = report["remaining"]["sources"]
+    assert source["items"] == 100 - 33 - 4 * 3  # rank 2's 33 items, and 3 batches of 4
+    text = describe_checkpoint(torch.load(paths[0], weights_only=True))
+    assert "holds rank 0 of 3 only" in text
+
+
+def test_a_single_rank_file_resumes_only_on_its_topology(job, tmp_path, capsys):
+    _, paths = three_rank_job(job, tmp_path)
+
+    code, out, _ = run_main(capsys, paths[1])
+    assert code == 0
+    assert (
+        "holds rank 1 of 3 only: resumes on the saved topology; "
+        "merge every rank's state to resume elsewhere"
+    ) in out
+
+    code, out, _ = run_main(capsys, paths[1], "--recipe", f"{job}:ranged", "--world-size", "2")
+    assert code == 1  # the deal asked for cannot be told
+    assert "cannot be dealt to world size 2, 0 workers" in out
+    assert "(positions)" not in out
+
+    code, out, _ = run_main(capsys, paths[1], paths[2])  # two ranks of three: not merged
+    assert code == 1
+    assert "Loader states from 2 places, shown together (not merged)" in out
+    assert "rank(s) [0] are missing" in out
+    assert "holds ranks 1-2 of 3 only" in out
+
+
+def test_an_elastic_refusal_is_a_reason_not_a_traceback(job, tmp_path, capsys):
+    _, paths = three_rank_job(job, tmp_path, "taken")
+
+    code, out, err = run_main(capsys, *paths, "--recipe", f"{job}:taken", "--world-size", "2")
+
+    assert code == 1
+    assert "! cannot resume elsewhere: this checkpoint cannot resume on another topology" in out
+    assert "step 'take'" in out
+    assert "Traceback" not in out + err
+    code, out, _ = run_main(capsys, *paths, "--recipe", f"{job}:taken")
+    assert code == 0  # no other topology asked for: the state resumes where it was saved
+    assert "step 'take'" in out
+    code, out, _ = run_main(capsys, *paths, "--recipe", f"{job}:taken", "--json")
+    report = json.loads(out)["loader_states"][0]["job"]
+    assert report["refused"] is True and "step 'take'" in report["problem"]
+
+
+def test_a_state_after_an_elastic_resume_shows_its_plans(job, tmp_path, capsys):
+    pipe, paths = three_rank_job(job, tmp_path)
+    merged = dp.merge_states([torch.load(p, weights_only=True)["data"] for p in paths])
+    resumed = job_loaders(pipe, 2)
+    for loader in resumed:
+        loader.load_state_dict(merged)
+    before = resumed[0].state_dict()
+    plan = json.loads(before["ranks"]["0"]["plans"]["text"])["consumers"]
+    pieces = sum(len(p) for p in plan[0].values())
+    torch.save({"data": before}, tmp_path / "before.pt")
+
+    code, out, _ = run_main(capsys, str(tmp_path / "before.pt"))
+
+    assert code == 0
+    expected = f"dealt by a resume from another topology: its consumer's plan holds {pieces} pieces"
+    assert expected in out
+    assert "no position: the next iteration reads its plan for epoch 0" in out
+    assert "rank 0 holds plans dealt by an elastic resume" in out
+    assert "holds rank 0 of 2 only" in out
+
+    mid = save_ranks(tmp_path, "mid", resumed, [2, 1])  # mid-way through the dealt shares
+    code, out, _ = run_main(capsys, *mid, "--recipe", f"{job}:ranged", "--world-size", "3")
+    assert code == 0, out
+    assert "covers ranks 0-1 of 2: can resume on any topology" in out
+    assert "ranks 0-1 hold plans dealt by an elastic resume" in out
+    left = 100 - 4 * sum(BATCHES) - 4 * 3
+    assert f"dp.range(100) (positions): {left} items" in out
+    dealt = [
+        int(line.rsplit(": ", 1)[1].split()[0])
+        for line in out.splitlines()
+        if line.strip().startswith("rank ") and "dp.range(100):" in line
+    ]
+    assert len(dealt) == 3 and sum(dealt) == left and max(dealt) - min(dealt) <= 1
+
+    code, out, _ = run_main(capsys, *mid, "--json")
+    status = json.loads(out)["loader_states"][0]["job"]["rank_status"]
+    assert status["0"]["status"] == "mid-epoch"
+    assert status["0"]["plans"]["current"] is True
+    assert status["0"]["plans"]["pieces"] == pieces
+
+
+def test_json_has_the_job_its_remaining_work_and_the_deal(job, tmp_path, capsys):
+    _, paths = three_rank_job(job, tmp_path)
+
+    code, out, _ = run_main(
+        capsys, *paths, "--recipe", f"{job}:ranged", "--world-size", "2", "--json"
+    )
+
+    assert code == 0
+    parsed = json.loads(out)
+    assert parsed["checkpoint"] == paths
+    [found] = parsed["loader_states"]
+    report = found["job"]
+    assert report["merged_from"] == [f"{p}:data" for p in paths]
+    assert report["covers_job"] is True and report["ranks"] == [0, 1, 2]
+    assert sorted(found["state"]["ranks"]) == ["0", "1", "2"]
+    [source] = report["remaining"]["sources"]
+    assert (source["kind"], source["items"], source["label"]) == ("positions", 76, "dp.range(100)")
+    shares = [c["sources"][0]["items"] for c in report["deal"]["consumers"]]
+    assert shares == [38, 38]
+    assert report["deal"]["exact_resume"] is False
+    assert parsed["recipe_check"][0]["ok"] is True

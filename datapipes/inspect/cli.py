@@ -37,7 +37,7 @@ from datapipes import checkpoint
 from datapipes.checkpoint import decode_state, saved_setup, top_level
 from datapipes.inspect.job import elastic_report, gather
 from datapipes.inspect.load import CheckpointError, load_checkpoint
-from datapipes.inspect.render import as_json, render
+from datapipes.inspect.render import as_json, render, shared_graph
 from datapipes.inspect.tree import RecipeGraph, recipe_graph
 from datapipes.loader import Loader, StateMismatchError
 from datapipes.pipe import DataPipe
@@ -276,7 +276,7 @@ def _check_positions(pipe: DataPipe[Any], state: dict[str, Any], rank: str) -> l
     mine = decode_state(state)["ranks"][rank]
     if not isinstance(mine.get("node"), dict):
         return []
-    saved = mine.get("graph") if isinstance(mine.get("graph"), dict) else None
+    saved = shared_graph(decode_state(state)["ranks"], rank)
     try:
         graph = recipe_graph(pipe, state, int(rank), int(mine.get("epoch") or 0), saved)
     except Exception as error:  # noqa: BLE001 - a recipe that cannot be built cannot resume

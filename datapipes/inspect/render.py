@@ -253,7 +253,7 @@ def _render_state(
             else:
                 writer.line(2, f"no position: the next iteration runs epoch {epoch} from its start")
             continue
-        saved = mine.get("graph") if isinstance(mine.get("graph"), dict) else None
+        saved = shared_graph(ranks, rank)
         graph = RecipeGraph(saved)
         if same_recipe and rank.isdigit():
             try:
@@ -261,6 +261,31 @@ def _render_state(
             except Exception:  # noqa: BLE001 - the recipe is a help; the recorded graph still works
                 pass
         writer.position(2, mine["node"], graph)
+    for group in state.get("idle") or []:  # a merged state's ranks with nothing to say
+        try:
+            spans = [range(first, last + 1) for first, last in group["ranks"]]
+            listed = ranks_text([rank for span in spans for rank in span])
+        except (KeyError, TypeError, ValueError):
+            writer.line(1, f"idle ranks: {scalar(group)}")
+            continue
+        noun = "rank" if len(listed.split(",")) == 1 and "-" not in listed else "ranks"
+        writer.line(
+            1,
+            f"{noun} {listed}: epoch {group.get('epoch')}, no position (at the epoch's start; "
+            "kept as ranges by merge_states)",
+        )
+
+
+def shared_graph(ranks: dict[str, Any], rank: str) -> dict[str, Any] | None:
+    """``rank``'s graph record from decoded ``ranks``; a merged state keeps one for all
+    ranks (they built the same shape: :func:`datapipes.merge_states`)."""
+    mine = ranks.get(rank)
+    if isinstance(mine, dict) and isinstance(mine.get("graph"), dict):
+        return mine["graph"]
+    for entry in ranks.values():
+        if isinstance(entry, dict) and isinstance(entry.get("graph"), dict):
+            return entry["graph"]
+    return None
 
 
 def as_json(
