@@ -226,6 +226,10 @@ def test_dcp_directory(tmp_path, capsys):
     code, out, _ = run_main(capsys, str(tmp_path / "c"), "--recipe", _recipe_file(tmp_path))
     assert code == 0, out
     assert "dp.range(100).shuffle().batch(4) (sequence source)" in out
+    assert "covers rank 0 of 1: can resume on any topology" in out
+    assert "dp.range(100).shuffle() (positions): 76 items" in out  # 100 - 6 batches of 4
+    code, out, _ = run_main(capsys, str(tmp_path / "c"), "--json")
+    assert json.loads(out)["loader_states"][0]["job"]["covers_job"] is True
 
 
 def _recipe_file(tmp_path: Path) -> str:
