@@ -163,7 +163,8 @@ def remaining_work(
     for rank in sorted(ranks, key=int):
         entry = ranks[rank]
         if entry["epoch"] != epoch:
-            continue  # it finished the epoch
+            started = True  # it finished the epoch: the others' shares are what remains
+            continue
         node = node_state(entry["node"], f"{checkpoint.node_path(int(rank))}")
         plans = checkpoint.entry_plans(entry, epoch)
         started = started or node is not None or plans is not None

@@ -41,11 +41,21 @@ class BatchNode(Node):
         #: ``Loader.dropped()``: nothing is left out without a count.
         self.dropped = 0
         self.drop_label = f"batch({size}, drop_last=True)"
+        self._noting = False  # converting for another topology: note where items came from
+        self._noted: list[Any] = []
 
     def reset(self, state: State | None = None) -> None:
         self._up.reset(state)
         self._src = iter(self._up)
         self.dropped = 0
+        if self._noting:
+            self._noted = []
+            self._src = self._noting_items(self._src)
+
+    def _noting_items(self, items: Iterator[Any]) -> Iterator[Any]:
+        for item in items:
+            self._noted.append(self._up.last_origin())
+            yield item
 
     def __next__(self) -> Any:
         batch = list(islice(self._src, self._size))
@@ -57,14 +67,15 @@ class BatchNode(Node):
     def state_dict(self) -> State:
         return self._up.state_dict()
 
-    def last_origin(self) -> Any:
-        from nodes.elastic import refuse
+    def begin_conversion(self) -> None:
+        self._noting = True
 
-        raise refuse(
-            self,
-            "feeds a step that holds items (a shuffle buffer, a flat_map) "
-            "with whole batches; shuffle or split items before batching them",
-        )
+    def last_origin(self) -> Any:
+        """The origins of the last batch's items (batches start where the reset put it)."""
+        from nodes.elastic import BATCH
+
+        count = len(self._noted)
+        return BATCH, self._noted[(count - 1) // self._size * self._size : count]
 
     @classmethod
     def upstream_states(cls, state: State) -> list[tuple[int, State]]:

@@ -49,6 +49,23 @@ if TYPE_CHECKING:
 
 Piece = dict[str, Any]
 Origin = tuple[str, Piece]  # (the source's place, a piece of one item)
+
+#: The "place" of a batch's origin: ``(BATCH, [the origins of its items])``.
+BATCH = "<batch>"
+
+
+def item_origins(origin: Any) -> list[Origin]:
+    """The origins of the items behind ``origin`` (a batch's: each of its items')."""
+    if origin[0] == BATCH:
+        return [o for inner in origin[1] for o in item_origins(inner)]
+    return [origin]
+
+
+def has_selection(piece: Piece) -> bool:
+    """Whether only some outputs of the ``flat_map`` above the source remain of ``piece``."""
+    return "outputs" in piece or "from" in piece
+
+
 Work = dict[str, dict[str, Any]]  # place -> {"kind": ..., "pieces": [...]}
 
 #: The kinds of source, by how their pieces are dealt.
@@ -437,7 +454,11 @@ def normalize(work: Work) -> Work:
         if kind in (POSITIONS, STREAM):
             pieces = coalesce(pieces)
         else:
-            singles = sorted((p for p in pieces if p.get("one")), key=_record_key)
+            # Records with a selection first: a flat_map counts them off as its first parents.
+            singles = sorted(
+                (p for p in pieces if p.get("one")),
+                key=lambda p: (not has_selection(p), _record_key(p)),
+            )
             rests = sorted((p for p in pieces if not p.get("one")), key=_record_key)
             pieces = singles + rests
         out[place] = {"kind": kind, "pieces": pieces}
@@ -512,8 +533,9 @@ def consumer_work(root: Node[Any], state: State | None) -> Work:
                 add_work(work, node.place, node.elastic_kind, untouched)
         for node in nodes:
             if id(node) in live:
-                for place, piece in node.in_flight():
-                    add_work(work, place, work[place]["kind"], [piece], first=True)
+                for origin in node.in_flight():
+                    for place, piece in item_origins(origin):
+                        add_work(work, place, work[place]["kind"], [piece], first=True)
     finally:
         root.close()
     return work

@@ -56,14 +56,14 @@ class BufferShuffleNode(Node):
         self._seed = seed
         self._anchor_every = max(buffer_size, 64)
         self._src: Iterator[Any] = NotReset(self)
-        self._noting = False  # converting for another topology: note where items came from
-        self._origins: list[Any] = []
+        self._noting = False  # converting for another topology: items travel with origins
+        self._last: Any = None
+        self._buffer: list[Any] = []
 
     def reset(self, state: State | None = None) -> None:
         key = self._ctx.random_key(self._key, self._ctx.consumer_index, seed=self._seed)
         self._draws = UniformStream(key)
         if state is None:
-            self._origins = []
             self._up.reset(None)
             self._anchors = deque([(0, self._up.state_dict())])
             self._buffer: list[Any] = []
@@ -74,7 +74,22 @@ class BufferShuffleNode(Node):
             seq = self._restore(state)
         # The read counter is a C `count`: its value is read (via __reduce__) only for a state.
         self._counter = count(seq)
-        self._src = self._run(iter(self._up), self._anchors[-1][0] + self._anchor_every - 1)
+        self._src = self._run(self._input(), self._anchors[-1][0] + self._anchor_every - 1)
+        if self._noting:
+            self._src = map(self._origin_off, self._src)
+
+    def _input(self) -> Iterator[Any]:
+        """Upstream's items; while converting, each paired with where it came from."""
+        items = iter(self._up)
+        return self._with_origins(items) if self._noting else items
+
+    def _with_origins(self, items: Iterator[Any]) -> Iterator[Any]:
+        for item in items:
+            yield item, self._up.last_origin()
+
+    def _origin_off(self, pair: tuple[Any, Any]) -> Any:
+        self._last = pair[1]
+        return pair[0]
 
     def _restore(self, state: State) -> int:
         anchor_seq, anchor_state = int(state["anchor_seq"]), state[UPSTREAM]
@@ -83,8 +98,7 @@ class BufferShuffleNode(Node):
         self._slots = [int(seq) for seq in state["slots"]]
         slot_of = {seq: slot for slot, seq in enumerate(self._slots)}
         self._buffer = [None] * len(self._slots)
-        self._origins = [None] * len(self._slots)
-        src = iter(self._up)
+        src = self._input()
         for position in range(anchor_seq, seq):
             item = next(src, _GONE)
             if item is _GONE:  # the state read more than the input holds: refuse, not pad
@@ -92,8 +106,6 @@ class BufferShuffleNode(Node):
             slot = slot_of.get(position)
             if slot is not None:
                 self._buffer[slot] = item
-                if self._noting:
-                    self._origins[slot] = self._up.last_origin()
         self._anchors = deque([(anchor_seq, anchor_state)])
         self._draws.seek(int(state["draws"]))
         self._exhausted = bool(state["exhausted"])
@@ -154,8 +166,11 @@ class BufferShuffleNode(Node):
         self._noting = True
 
     def in_flight(self) -> list[Any]:
-        """Where the buffered items came from (noted while a conversion restored them)."""
-        return [origin for origin in self._origins if origin is not None]
+        """Where the buffered items came from (they travel with their origins then)."""
+        return [pair[1] for pair in self._buffer]
+
+    def last_origin(self) -> Any:
+        return self._last
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         keys = {UPSTREAM, "anchor_seq", "seq", "slots", "draws", "exhausted"}

@@ -16,6 +16,7 @@ from nodes.base import (
     list_iterator_position,
     positioned_iterator,
 )
+from nodes.batch import BatchNode, unbatch_items
 from nodes.errors import InvalidStateError
 from nodes.state_checks import at, expect_bool, expect_int, expect_keys
 
@@ -79,6 +80,9 @@ class FlatMapNode(Node):
     State: the upstream position *before* the current parent item and the
     offset inside its outputs. Resume re-reads that one parent and calls ``fn``
     on it again (so ``fn`` must be deterministic), then skips ``offset`` outputs.
+    In an epoch resumed on another topology, the first parents may be items of
+    which only some outputs remain (another consumer had delivered the
+    others): the state then also counts the parents read (``"parents"``).
     """
 
     kind = "flat_map"
@@ -91,6 +95,8 @@ class FlatMapNode(Node):
         self._it: Iterator[Any] = NotReset(self)
         self._noting = False  # converting for another topology: note where parents came from
         self._current: Iterator[Any] | None = None
+        self._pending = 0
+        self._selections: list[el.Piece] = []
 
     def reset(self, state: State | None = None) -> None:
         before = None if state is None else state[UPSTREAM]
@@ -99,8 +105,11 @@ class FlatMapNode(Node):
         self._before = self._up.state_dict() if before is None else before
         self._current = None
         self._current_len = 0
+        self._pending = offset  # not applied yet: a state taken now keeps it
         self._indices: list[int] | None = None  # which of the parent's outputs are kept
-        self._selecting = _reads_selections(self._up)
+        self._selections = _leading_selections(self._up)
+        self._parents = 0 if state is None else int(state.get("parents", 0))
+        self._parents_before = self._parents
         children = self._children(offset)
         self._it = chain.from_iterable(children)
         if self._noting and offset:
@@ -112,19 +121,22 @@ class FlatMapNode(Node):
     def _children(self, offset: int) -> Iterator[Iterator[Any]]:
         up, fn = self._up, self._fn
         src = iter(up)
-        noting, selecting = self._noting, self._selecting
+        noting, selections = self._noting, self._selections
         while True:
             before = self._before if offset else up.state_dict()
             parent = next(src, _END)
             if parent is _END:
-                self._before, self._current = before, None
+                self._before, self._current, self._pending = before, None, 0
                 return
             outputs = list(fn(parent))
-            if noting or selecting:
+            if noting:
                 self._origin = up.last_origin()
-            if selecting:  # after a topology change: only the outputs not yet delivered
-                self._indices = el.selected(self._origin[1], len(outputs))
-                outputs = [outputs[i] for i in self._indices]
+            if selections:  # after a topology change: the first parents may be partly done
+                self._parents_before, self._parents = self._parents, self._parents + 1
+                self._indices = None
+                if self._parents_before < len(selections):
+                    self._indices = el.selected(selections[self._parents_before], len(outputs))
+                    outputs = [outputs[i] for i in self._indices]
             if offset and offset >= len(outputs):  # only a resumed first parent has an offset
                 raise InvalidStateError(
                     "offset", f"an offset below {len(outputs)} (the parent's outputs)", offset
@@ -132,32 +144,8 @@ class FlatMapNode(Node):
             current = positioned_iterator(outputs, offset)
             offset = 0
             self._before, self._current, self._current_len = before, current, len(outputs)
+            self._pending = 0
             yield current
-
-    # ----- elastic resume (nodes.elastic) ---------------------------------------------------
-    def begin_conversion(self) -> None:
-        self._noting = True
-
-    def _original(self, index: int) -> int:
-        return index if self._indices is None else self._indices[index]
-
-    def last_origin(self) -> Any:
-        _check_synchronous(self, self._up)
-        done = list_iterator_position(self._current, self._current_len)
-        place, piece = self._origin
-        return place, el.select(piece, [self._original(done - 1)])
-
-    def in_flight(self) -> list[Any]:
-        """The outputs of the current parent that were not returned yet."""
-        if self._current is None:
-            return []
-        done = list_iterator_position(self._current, self._current_len)
-        if done >= self._current_len:
-            return []
-        _check_synchronous(self, self._up)
-        place, piece = self._origin
-        rest = [self._original(i) for i in range(done, self._current_len)]
-        return [(place, el.select(piece, rest))]
 
     def __next__(self) -> Any:
         return next(self._it)
@@ -167,38 +155,107 @@ class FlatMapNode(Node):
 
     def state_dict(self) -> State:
         current = self._current
-        if current is not None:
+        state: State = {UPSTREAM: self._up.state_dict(), "offset": 0}
+        if current is None and self._pending:  # reset mid-item, nothing read since
+            state = {UPSTREAM: self._before, "offset": self._pending}
+        elif current is not None:
             offset = list_iterator_position(current, self._current_len)
             if offset < self._current_len:
-                return {UPSTREAM: self._before, "offset": offset}
-        return {UPSTREAM: self._up.state_dict(), "offset": 0}
+                state = {UPSTREAM: self._before, "offset": offset}
+        if self._selections:
+            mid_item = state["offset"] > 0
+            state["parents"] = self._parents_before if mid_item else self._parents
+        return state
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         # The offset is checked against the parent's outputs when it is read again.
-        expect_keys(state, path, {UPSTREAM, "offset"})
+        expect_keys(state, path, {UPSTREAM, "offset"}, optional={"parents"})
         expect_int(state, "offset", path)
+        if "parents" in state:
+            expect_int(state, "parents", path)
         self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
 
+    # ----- elastic resume (nodes.elastic) ---------------------------------------------------
+    def begin_conversion(self) -> None:
+        self._noting = True
 
-def _reads_selections(node: Node) -> bool:
-    """Whether the source under ``node`` (through transparent steps) hands out items of
-    which only some outputs remain: a share dealt after a topology change."""
-    while node.elastic == "transparent" and len(node.inputs) == 1:
+    def _original(self, index: int) -> int:
+        return index if self._indices is None else self._indices[index]
+
+    def _outputs_origin(self, outputs: list[int]) -> list[Any]:
+        """Where the given outputs of the current parent came from."""
+        if self._origin[0] == el.BATCH:  # a batch: only unbatch knows which item is which
+            if self._fn is not unbatch_items:
+                raise el.refuse(
+                    self,
+                    "splits whole batches with a function of its own; use "
+                    ".unbatch(), whose outputs are the batch's items",
+                )
+            items = self._origin[1]
+            return [items[i] for i in outputs]
+        _check_order_kept(self, self._up)
+        place, piece = self._origin
+        return [(place, el.select(piece, outputs))]
+
+    def last_origin(self) -> Any:
+        done = list_iterator_position(self._current, self._current_len)
+        return self._outputs_origin([self._original(done - 1)])[0]
+
+    def in_flight(self) -> list[Any]:
+        """The outputs of the current parent that were not returned yet."""
+        if self._current is None:
+            return []
+        done = list_iterator_position(self._current, self._current_len)
+        if done >= self._current_len:
+            return []
+        return self._outputs_origin([self._original(i) for i in range(done, self._current_len)])
+
+
+def _leading_selections(node: Node) -> list[el.Piece]:
+    """The partly delivered items a dealt share starts with (their remaining outputs), when
+    the source under ``node`` reads one: they reach this flat_map as its first parents."""
+    while node.elastic != "source":
+        if not _keeps_order(node) or isinstance(node, BatchNode):
+            return []  # the selections belong to a flat_map below, or parents are batches
         node = node.inputs[0]
-    plan = getattr(node, "_plan", None) if node.elastic == "source" else None
-    return bool(plan) and any("outputs" in p or "from" in p for p in plan)
+    plan = getattr(node, "_plan", None)
+    selections = []
+    for piece in plan or ():
+        if not el.has_selection(piece):
+            break
+        selections.append(piece)
+    return selections
 
 
-def _check_synchronous(flat_map: Node, node: Node) -> None:
-    """Refuse selections that would reach the flat_map through a thread or a pool."""
-    while node.elastic == "transparent" and len(node.inputs) == 1:
-        if node.upstream_in_background:
+def _check_order_kept(flat_map: Node, node: Node) -> None:
+    """Refuse partly delivered items where the steps below the flat_map could reorder them
+    (they must reach it first, in the order its source hands them out)."""
+    while node.elastic != "source":
+        if not _keeps_order(node):
             raise el.refuse(
                 flat_map,
-                f"reads through a background step ('{node.kind}'), so a "
-                "part of one of its items cannot be handed to another consumer",
+                f"was in the middle of an item's outputs, and the step '{node.kind}' "
+                "below it could reorder items, so the rest of that item cannot be handed to "
+                "another consumer; put the flat_map right after the source and its maps",
             )
         node = node.inputs[0]
+    if node.elastic_kind == el.STREAM:
+        raise el.refuse(
+            flat_map,
+            "was in the middle of an item's outputs of a .shard() stream, which "
+            "hands its items out in stream order only",
+        )
+
+
+def _keeps_order(node: Node) -> bool:
+    """Whether ``node`` hands on its input's items in their order (it may drop some)."""
+    from nodes.parallel_map import ParallelMapNode  # it imports this module's neighbours
+
+    if len(node.inputs) != 1:
+        return False
+    return node.elastic == "transparent" or (
+        isinstance(node, ParallelMapNode) and bool(getattr(node, "_ordered", False))
+    )
 
 
 class TakeNode(Node):

@@ -96,40 +96,32 @@ def fan_out(item: Any) -> list[Any]:
 
 
 # ----- the core's known gaps -----------------------------------------------------------------
-# Each has a strict-xfail reproduction at the end of this module. While a gap is listed here the
-# random recipes avoid it, so the properties keep checking everything else; when its
-# reproduction starts passing (XPASS fails the run), delete the entry and its xfail mark.
+# Each is refused with dp.ElasticResumeError (checked at the end of this module); the random
+# recipes avoid them, so the properties check everything else.
 KNOWN_GAPS = {
-    # same topology too: a resumed Loader whose iter() was called saves, before its first item,
-    # the position of a flat_map/unbatch without the outputs already delivered (repeats them)
-    "save right after a resumed iter()",
-    # elastic: the items in a buffer shuffle's buffer are lost when a parallel map follows it
-    "buffer shuffle -> parallel map loses items",
-    # elastic: a flat_map after a parallel map re-delivers a partly delivered item's outputs
-    "parallel map -> flat_map repeats items",
-    # elastic: two flat_maps in a row repeat and lose items
-    "flat_map -> flat_map",
-    # elastic: refused (ElasticResumeError) although covered by the spec
-    "batch -> unbatch refused",
-    "buffer shuffle -> buffer shuffle / flat_map refused",
-    "prefetch -> flat_map refused",
-    # a rank that finished its epoch merged with one that never iterated (a fresh Loader's
-    # state): the finished rank's items are dealt again
-    "finished rank + never-started rank",
+    # elastic: refused (ElasticResumeError) when a flat_map was mid-item and the steps below
+    # it could reorder items, so the rest of the item cannot be re-dealt: another flat_map
+    # (unbatch too), a buffer shuffle, a combinator, a .shard() stream
+    "flat_map -> flat_map refused",
+    "buffer shuffle -> flat_map refused",
+    "combinator -> flat_map refused",
+    "shard -> flat_map refused",
 }
 
 # step -> (steps that may not come anywhere before it, the gap that forbids it)
 AVOID = {
-    "buffer_shuffle": [({"buffer_shuffle"}, "buffer shuffle -> buffer shuffle / flat_map refused")],
-    "pmap": [({"buffer_shuffle"}, "buffer shuffle -> parallel map loses items")],
-    "unordered_pmap": [({"buffer_shuffle"}, "buffer shuffle -> parallel map loses items")],
     "flat_map": [
-        ({"buffer_shuffle"}, "buffer shuffle -> buffer shuffle / flat_map refused"),
-        ({"prefetch"}, "prefetch -> flat_map refused"),
-        ({"pmap"}, "parallel map -> flat_map repeats items"),
-        ({"flat_map"}, "flat_map -> flat_map"),
+        ({"buffer_shuffle"}, "buffer shuffle -> flat_map refused"),
+        ({"flat_map", "rebatch"}, "flat_map -> flat_map refused"),
+        ({"combine"}, "combinator -> flat_map refused"),
+        ({"shard"}, "shard -> flat_map refused"),
     ],
-    "rebatch": [(None, "batch -> unbatch refused")],  # None: never
+    "rebatch": [
+        ({"buffer_shuffle"}, "buffer shuffle -> flat_map refused"),
+        ({"flat_map", "rebatch"}, "flat_map -> flat_map refused"),
+        ({"combine"}, "combinator -> flat_map refused"),
+        ({"shard"}, "shard -> flat_map refused"),
+    ],
 }
 
 
@@ -174,7 +166,7 @@ class RecipeMaker:
             pipes = [p for p, _, _, _ in parts]
             ids = sum((c for _, c, _, _ in parts), Counter())
             texts = [" ".join(t) for _, _, t, _ in parts]
-            before = set().union(*(b for _, _, _, b in parts))
+            before = set().union(*(b for _, _, _, b in parts)) | {"combine"}
             if rng.random() < 0.5:
                 pipe, text = dp.concat(*pipes), [f"concat({' | '.join(texts)})"]
             else:
@@ -208,7 +200,7 @@ class RecipeMaker:
         """A source and up to three item steps, with ids tagged for this branch; and the kinds
         of steps in it."""
         pipe, ids, text = self.source()
-        before: set[str] = set()
+        before: set[str] = {"shard"} if ".shard()" in text[0] else set()
         pipe, ids = self.item_steps(pipe, ids, text, self.rng.randint(0, 3), before)
         return pipe, ids, text, before
 
@@ -708,9 +700,6 @@ def test_merged_state_size_does_not_grow_with_the_data_set(merged_sizes: dict[st
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True, reason="known gap: a merged state keeps an entry for every finished rank"
-)
 def test_merged_state_size_does_not_grow_with_finished_ranks(merged_sizes: dict[str, int]):
     # 62 finished ranks against 6, the same two units in flight: a few bytes of slack for
     # longer numbers, not one entry per finished rank (about 57 bytes each)
@@ -843,8 +832,8 @@ def test_merge_refuses_a_missing_rank_and_foreign_states():
 
 
 # ----- reproductions of the known gaps (see KNOWN_GAPS) ----------------------------------------
-# Strict xfails: each fails today; when the core is fixed it passes, the run fails (XPASS) and
-# the mark and the KNOWN_GAPS entry go, so the random recipes cover the case again.
+# Shapes the random recipes once found wrong or refused, kept as fixed reproductions, and the
+# refusals of KNOWN_GAPS.
 
 
 def ident(x: int) -> int:
@@ -881,59 +870,62 @@ def exactly_once(pipe: dp.DataPipe[Any], expected: list[int], *chain_args: Any) 
     assert sorted(got) == sorted(expected), got
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: buffer shuffle -> parallel map loses items")
 @pytest.mark.parametrize("ordered", [True, False])
-def test_gap_buffer_shuffle_then_parallel_map(ordered: bool) -> None:
+def test_buffer_shuffle_then_parallel_map(ordered: bool) -> None:
     # 1 rank reads 4 items, 2 ranks finish: 4 ids (the shuffle buffer) never arrive
     pipe = dp.range(12).shuffle(buffer_size=4).map(ident, num_workers=2, ordered=ordered)
     exactly_once(pipe, list(range(12)), [4], 2)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: parallel map -> flat_map repeats items")
-def test_gap_parallel_map_then_flat_map() -> None:
+def test_parallel_map_then_flat_map() -> None:
     # 1 rank reads 0 (the first output of item 0); on 2 ranks 0 arrives again
     pipe = dp.range(6).map(ident, num_workers=2).flat_map(pair)
     exactly_once(pipe, [i for x in range(6) for i in pair(x)], [1], 2)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: flat_map -> flat_map")
-def test_gap_flat_map_twice() -> None:
-    # 1 rank reads 0; on 2 ranks 10 and 11 arrive twice and 1 never
-    pipe = dp.range(6).flat_map(pair).flat_map(pair)
-    exactly_once(pipe, [j for x in range(6) for i in pair(x) for j in pair(i)], [1], 2)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: dp.range(6).flat_map(pair).flat_map(pair),
+        lambda: dp.range(12).shuffle(buffer_size=4).flat_map(pair),
+        lambda: dp.concat(dp.range(6), dp.range(6, 12)).flat_map(pair),
+    ],
+    ids=["flat_map-twice", "buffer-shuffle-flat_map", "concat-flat_map"],
+)
+def test_a_flat_map_mid_item_over_reordering_steps_is_refused(make) -> None:
+    # the rest of the item cannot reach another consumer first: refused, never guessed
+    with pytest.raises(dp.ElasticResumeError, match="flat_map"):
+        resume_chain(make(), [1], 2)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: refused with ElasticResumeError")
 @pytest.mark.parametrize(
     "make",
     [
         lambda: dp.range(6).batch(2).unbatch(),
         lambda: dp.range(12).shuffle(buffer_size=4).shuffle(buffer_size=3),
-        lambda: dp.range(12).shuffle(buffer_size=4).flat_map(pair),
         lambda: dp.range(12).prefetch(2).flat_map(pair),
+        lambda: dp.range(12).map(ident, num_workers=2).flat_map(pair),
     ],
-    ids=["batch-unbatch", "buffer-shuffle-twice", "buffer-shuffle-flat_map", "prefetch-flat_map"],
+    ids=["batch-unbatch", "buffer-shuffle-twice", "prefetch-flat_map", "parallel-map-flat_map"],
 )
-def test_gap_refused_although_covered(make: Callable[[], dp.DataPipe[Any]]) -> None:
+def test_steps_that_were_refused_resume(make: Callable[[], dp.DataPipe[Any]]) -> None:
     pipe = make()
     with dp.Loader(pipe) as loader:
         expected = [i for out in loader for i in batch_ids([out])]
     exactly_once(pipe, expected, [1], 2)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: finished rank + never-started rank")
-def test_gap_finished_rank_merged_with_a_never_started_one() -> None:
+def test_finished_rank_merged_with_a_never_started_one() -> None:
     # rank 0 reads its whole epoch, rank 1 never iterates: 1 rank gets all 12 ids again
     exactly_once(dp.range(12), list(range(12)), ["end", "fresh"], 1)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: save right after a resumed iter()")
 @pytest.mark.parametrize(
     "make",
     [lambda: dp.range(4).batch(5).unbatch(), lambda: dp.range(4).flat_map(pair)],
     ids=["unbatch", "flat_map"],
 )
-def test_gap_save_right_after_a_resumed_iter(make: Callable[[], dp.DataPipe[Any]]) -> None:
+def test_save_right_after_a_resumed_iter(make: Callable[[], dp.DataPipe[Any]]) -> None:
     # same topology: resume after 1 item, call iter(), save before the next item, resume
     # again: the first item arrives a second time
     pipe = make()
