@@ -174,6 +174,9 @@ class Loader:
         # After a resume on another topology: (epoch, every new consumer's plan), see
         # datapipes.elastic; this rank's consumers read theirs during that epoch only.
         self._deal: tuple[int, list[Any]] | None = None
+        # (epoch, the graph's state at the start of a fresh run): a state taken before the
+        # run delivered anything is the epoch's start (node None), which merges as such.
+        self._fresh: tuple[int, Any] | None = None
 
     # ----- iteration -----------------------------------------------------------
     @property
@@ -204,6 +207,7 @@ class Loader:
                 note="resuming it ran out of items",
             ) from error
         self._cursor.begin(run)  # only now: a position the graph refused stays pending
+        self._fresh = None if run.resume_from is not None else (run.epoch, root.state_dict())
         return self._cursor.watch(self._run(root, run))
 
     @property
@@ -353,6 +357,8 @@ class Loader:
         """
         root = self._root
         epoch, node = self._cursor.position(None if root is None else root.state_dict)
+        if self._fresh is not None and node is not None and self._fresh == (epoch, node):
+            node = None  # nothing delivered yet: the start of the epoch
         plans = None
         if self._deal is not None and self._deal[0] == epoch:
             plans = elastic.plans_text(epoch, self._my_plans())
