@@ -11,11 +11,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(
             "usage: python -m datapipes demo [--workdir DIR] [--workers N]\n"
-            "       python -m datapipes inspect CHECKPOINT [--recipe MODULE:NAME] [--json]\n\n"
+            "       python -m datapipes inspect CHECKPOINT [CHECKPOINT ...] [--recipe MODULE:NAME]\n"
+            "                [--world-size N] [--num-workers K] [--json]\n\n"
             "  demo     run a real pipeline, checkpoint mid-epoch, resume in a new process,\n"
             "           and verify the resumed stream equals the uninterrupted one\n"
-            "  inspect  show the Loader state(s) in a checkpoint (torch.save, JSON or DCP);\n"
-            "           --recipe checks that a recipe can resume from it"
+            "  inspect  show the Loader state(s) in a checkpoint (torch.save, JSON or DCP;\n"
+            "           several files: the ranks of one job, merged); --recipe checks that a\n"
+            "           recipe can resume from it and shows the epoch's remaining work, and\n"
+            "           --world-size/--num-workers how it would be dealt on that topology"
         )
         return 0 if args else 2
     if args[0] == "demo":
