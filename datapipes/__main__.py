@@ -11,8 +11,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(
             "usage: python -m datapipes demo [--workdir DIR] [--workers N]\n"
-            "       python -m datapipes inspect CHECKPOINT [CHECKPOINT ...] [--recipe MODULE:NAME]\n"
-            "                [--world-size N] [--num-workers K] [--json]\n\n"
+            "       python -m datapipes inspect CHECKPOINT [CHECKPOINT ...]\n"
+            "                [--recipe MODULE:NAME] [--world-size N] [--num-workers K] [--json]\n\n"
             "  demo     run a real pipeline, checkpoint mid-epoch, resume in a new process,\n"
             "           and verify the resumed stream equals the uninterrupted one\n"
             "  inspect  show the Loader state(s) in a checkpoint (torch.save, JSON or DCP;\n"

@@ -438,10 +438,13 @@ def _deal_records(pieces: list[Piece], consumers: int) -> list[list[Piece]]:
 def add_work(
     work: Work, place: str, kind: str, pieces: Iterable[Piece], *, first: bool = False
 ) -> None:
-    """Add ``pieces`` of the source at ``place`` to ``work`` (``first``: before the others)."""
-    entry = work.setdefault(place, {"kind": kind, "pieces": []})
+    """Add ``pieces`` of the source at ``place`` to ``work`` (``first``: items read but not
+    delivered, before the others, and counted as ``"held"``)."""
+    entry = work.setdefault(place, {"kind": kind, "pieces": [], "held": 0})
+    pieces = list(pieces)
     if first:
-        entry["pieces"][:0] = list(pieces)
+        entry["pieces"][:0] = pieces
+        entry["held"] += len(pieces)
     else:
         entry["pieces"].extend(pieces)
 
@@ -461,7 +464,7 @@ def normalize(work: Work) -> Work:
             )
             rests = sorted((p for p in pieces if not p.get("one")), key=_record_key)
             pieces = singles + rests
-        out[place] = {"kind": kind, "pieces": pieces}
+        out[place] = {"kind": kind, "pieces": pieces, "held": work[place].get("held", 0)}
     return out
 
 
@@ -556,6 +559,7 @@ def merge_work(works: Iterable[Work]) -> Work:
     for work in works:
         for place, entry in work.items():
             add_work(total, place, entry["kind"], entry["pieces"])
+            total[place]["held"] += entry.get("held", 0)
     return normalize(total)
 
 

@@ -147,7 +147,13 @@ def coverage(state: dict[str, Any]) -> tuple[bool, str]:
 # ----- pieces of work, counted for people ----------------------------------------------------
 
 
-def summarize(kind: str | None, pieces: list[el.Piece]) -> dict[str, Any]:
+def _source_row(place: str, labels: dict[str, str], entry: dict[str, Any]) -> dict[str, Any]:
+    """One source's line of the remaining work: its label and what its pieces hold."""
+    summary = summarize(entry["kind"], entry["pieces"], entry.get("held"))
+    return {"place": place, "label": labels.get(place, place), **summary}
+
+
+def summarize(kind: str | None, pieces: list[el.Piece], held: int | None = None) -> dict[str, Any]:
     """What a list of pieces of one source holds (``kind`` ``None``: told by the pieces).
 
     Positions: ``items`` (``None`` for an open-ended stream tail), in ``runs``,
@@ -164,8 +170,8 @@ def summarize(kind: str | None, pieces: list[el.Piece]) -> dict[str, Any]:
         lengths = [el.piece_length(piece) for piece in pieces]
         out["items"] = None if None in lengths else sum(lengths)  # type: ignore[arg-type]
         # Held positions join the untouched ranges they continue (nodes.elastic.coalesce):
-        # how many items were read but not delivered is not told by the work.
-        out["held"] = None
+        # the work counts them ("held"); a plan's pieces alone do not tell.
+        out["held"] = held
         out["partial"] = sum(1 for p in pieces if "outputs" in p or "from" in p)
         return out
     if kind == el.FILES:
@@ -321,7 +327,7 @@ def _remaining(
         "epoch": at,
         "whole_epoch": False,
         "sources": [
-            {"place": place, "label": labels.get(place, place), **summarize(e["kind"], e["pieces"])}
+            _source_row(place, labels, e)
             for place, e in sorted(work.items(), key=lambda kv: labels.get(kv[0], kv[0]))
         ],
     }
@@ -371,7 +377,7 @@ def _sources(work: el.Work | None, labels: dict[str, str]) -> list[dict[str, Any
     if not work:
         return []
     return [
-        {"place": place, "label": labels.get(place, place), **summarize(e["kind"], e["pieces"])}
+        _source_row(place, labels, e)
         for place, e in sorted(work.items(), key=lambda kv: labels.get(kv[0], kv[0]))
     ]
 
