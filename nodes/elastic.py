@@ -395,7 +395,7 @@ def deal(work: Work, consumers: int) -> list[dict[str, list[Piece]]]:
         if kind in (POSITIONS, STREAM):
             shares = _deal_positions(pieces, consumers)
         else:
-            shares = _deal_records(pieces, consumers)
+            shares = _deal_records(pieces, consumers, splittable=kind == RECORDS)
         for plan, share in zip(plans, shares):
             plan[place] = share
     return plans
@@ -422,9 +422,11 @@ def _deal_positions(pieces: list[Piece], consumers: int) -> list[list[Piece]]:
     return shares
 
 
-def _deal_records(pieces: list[Piece], consumers: int) -> list[list[Piece]]:
+def _deal_records(pieces: list[Piece], consumers: int, *, splittable: bool) -> list[list[Piece]]:
     singles = [p for p in pieces if p.get("one")]
     rests = [p for p in pieces if not p.get("one")]
+    if splittable and len(rests) < consumers:
+        rests = _split_whole_files(rests, consumers)
     shares: list[list[Piece]] = [[] for _ in range(consumers)]
     for j in range(consumers):
         shares[j].extend(
@@ -433,6 +435,25 @@ def _deal_records(pieces: list[Piece], consumers: int) -> list[list[Piece]]:
     for i, piece in enumerate(rests):
         shares[i % consumers].append(piece)
     return shares
+
+
+def _split_whole_files(rests: list[Piece], consumers: int) -> list[Piece]:
+    """Untouched whole files split into parts, so that fewer files than consumers still give
+    every consumer a share: part ``j`` of ``k`` of a whole file is what a fresh epoch on
+    ``k`` consumers would read of it, in every splittable format."""
+    whole = [p for p in rests if p["part"] == [0, 1] and p["cursor"] is None and not p["index"]]
+    if not whole:
+        return rests
+    k = -(-(consumers - (len(rests) - len(whole))) // len(whole))
+    if k <= 1:
+        return rests
+    out = []
+    for piece in rests:
+        if piece in whole:
+            out.extend({**piece, "part": [j, k]} for j in range(k))
+        else:
+            out.append(piece)
+    return out
 
 
 def add_work(

@@ -76,6 +76,8 @@ class FileReaderNode(Node):
         self._format = fmt
         self._ctx = ctx
         self.errors = ErrorPolicy(on_error, step or fmt.name)
+        # Remaining files of a format that cannot split one are dealt whole (nodes.elastic).
+        self.elastic_kind = el.RECORDS if fmt.splittable else el.FILES
         self._it: Iterator[Any] = NotReset(self)
         self._gen: Iterator[Any] | None = None
         self._was_reset = False
