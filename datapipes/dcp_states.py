@@ -10,9 +10,7 @@ loads into a Loader of any topology.
 
 from __future__ import annotations
 
-import io
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -201,42 +199,9 @@ def _read_entries(folder: Path, metadata: Any, keys: set[str] | None) -> dict[st
     Tensors are left out (a Loader state holds none). No collective runs, even when a
     process group is up, and each entry is read with ``torch.load(weights_only=True)``.
     """
-    import torch
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint._traverse import set_element
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    from datapipes.inspect.load import read_dcp_entries
 
-    class Planner(_EmptyStateDictLoadPlanner):
-        """Plans to read only the chosen entries saved as bytes, as plain data."""
-
-        def _should_include_key(self, fqn: str, md: Any) -> bool:
-            plain = isinstance(md.state_dict_metadata[fqn], BytesStorageMetadata)
-            return plain and (keys is None or fqn in keys)
-
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            loaded = torch.load(value, weights_only=True)
-            fqn = read_item.dest_index.fqn
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[fqn], loaded)
-            else:
-                self.state_dict[fqn] = loaded
-
-    class Reader(FileSystemReader):
-        """Hands out the metadata read safely above instead of unpickling the file again."""
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    state: dict[str, Any] = {}
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # DCP's "assuming a single process" notice
-            _load_state_dict(state, storage_reader=Reader(folder), planner=Planner(), no_dist=True)
+        return read_dcp_entries(folder, metadata, keys)
     except Exception as error:  # noqa: BLE001 - reported with the folder
         raise ValueError(f"cannot read the DCP checkpoint {str(folder)!r}: {error}") from error
-    return state

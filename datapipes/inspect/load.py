@@ -99,6 +99,54 @@ _ALLOWED = {
 }
 
 
+def read_dcp_entries(path: Path, metadata: Any, keys: set[str] | None = None) -> dict[str, Any]:
+    """The entries saved as bytes (not tensors) of the DCP folder ``path``, nested as saved;
+    only ``keys`` (flattened names) when given.
+
+    ``metadata`` is the folder's metadata, read with :class:`_MetadataUnpickler` (never
+    unpickled again here). Each entry is read with ``torch.load(weights_only=True)``, and
+    no collective runs, even when a process group is up.
+    """
+    # torch.distributed is imported only when a DCP folder is read.
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    class NonTensorPlanner(_EmptyStateDictLoadPlanner):
+        """Plans to load only the chosen entries saved as bytes, as plain data."""
+
+        def _should_include_key(self, key: str, md: Any) -> bool:
+            plain = isinstance(md.state_dict_metadata[key], BytesStorageMetadata)
+            return plain and (keys is None or key in keys)
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            loaded = torch.load(value, weights_only=True)
+            fqn = read_item.dest_index.fqn
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    class SafeReader(FileSystemReader):
+        """Hands out the metadata read safely instead of unpickling the file again."""
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    state: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's "assuming a single process" notice
+        _load_state_dict(
+            state, storage_reader=SafeReader(path), planner=NonTensorPlanner(), no_dist=True
+        )
+    return state
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Unpickles a DCP ``.metadata`` file, refusing every global that is not metadata."""
 
@@ -121,26 +169,8 @@ def read_dcp(path: Path) -> dict[str, Any]:
 
     Raises :class:`CheckpointError` when ``path`` is not a DCP folder or cannot be read.
     """
-    # torch.distributed is imported only when a DCP folder is read.
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint._traverse import set_element
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    class NonTensorPlanner(_EmptyStateDictLoadPlanner):
-        """Plans to load only the entries saved as bytes, each with ``weights_only=True``."""
-
-        def _should_include_key(self, key: str, md: Any) -> bool:
-            return isinstance(md.state_dict_metadata[key], BytesStorageMetadata)
-
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            loaded = torch.load(value, weights_only=True)
-            fqn = read_item.dest_index.fqn
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[fqn], loaded)
-            else:
-                self.state_dict[fqn] = loaded
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     if not (path / ".metadata").is_file():
         raise CheckpointError(
@@ -152,23 +182,8 @@ def read_dcp(path: Path) -> dict[str, Any]:
             metadata = _MetadataUnpickler(file).load()
     except Exception as error:  # noqa: BLE001
         raise CheckpointError(f"cannot read {str(path / '.metadata')!r}: {error}") from error
-
-    class SafeReader(FileSystemReader):
-        """Hands out the metadata read above instead of unpickling the file again."""
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    state: dict[str, Any] = {}
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _load_state_dict(
-                state, storage_reader=SafeReader(path), planner=NonTensorPlanner(), no_dist=True
-            )
+        state = read_dcp_entries(path, metadata)
     except Exception as error:  # noqa: BLE001
         raise CheckpointError(f"cannot read the DCP checkpoint {str(path)!r}: {error}") from error
     planner_data = getattr(metadata, "planner_data", None) or {}
