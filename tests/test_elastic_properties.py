@@ -145,6 +145,7 @@ class Recipe:
     drop_last: bool = False
     ordered: bool = True  # False with map(ordered=False): the order may vary between runs
     steps: set[str] = field(default_factory=set)  # the kinds of item steps it has
+    may_refuse: bool = False  # it has a step of KNOWN_GAPS: a topology change may be refused
 
     def outputs(self, out: Any) -> list[int]:
         """The ids of one Loader output (an item or a batch)."""
@@ -158,6 +159,7 @@ class RecipeMaker:
         self.rng, self.root, self.unordered = rng, root, unordered
         self.tag = 0
         self.kinds: set[str] = set()  # item types: collating a mix of them needs no_collate
+        self.may_refuse = False  # a step AVOID forbids was let in (now and then, on purpose)
 
     def make(self) -> Recipe:
         rng = self.rng
@@ -176,7 +178,7 @@ class RecipeMaker:
             pipe, ids = self.item_steps(pipe, ids, text, rng.randint(0, 2), before)
         else:
             pipe, ids, text, before = self.branch()
-        recipe = Recipe(pipe, ids, text, steps=before)
+        recipe = Recipe(pipe, ids, text, steps=before, may_refuse=self.may_refuse)
         if self.unordered and rng.random() < 0.15 and allowed("unordered_pmap", before):
             # last among the item steps: nothing after it may re-read its input
             recipe.pipe = recipe.pipe.map(remap, num_workers=2, ordered=False)
@@ -281,7 +283,12 @@ class RecipeMaker:
                 ["map", "filter", "flat_map", "buffer_shuffle", "rebatch", "prefetch", "pmap"]
             )
             if not allowed(step, before):
-                continue
+                if rng.random() < 0.7:
+                    continue
+                # now and then a known refusal: it must come as an ElasticResumeError on a
+                # topology change only, and the rest of the case must hold up to it
+                self.may_refuse = True
+                text.append(" [may refuse]")
             before.add(step)
             if step == "map":
                 pipe, ids = pipe.map(remap), Counter({_remap_id(i): n for i, n in ids.items()})
@@ -426,7 +433,12 @@ def run_stages(case: Case, chain: list[tuple[int, int]], rng: random.Random) -> 
         try:
             for loader in ref_loaders:
                 if merged is not None:
-                    loader.load_state_dict(merged)
+                    try:
+                        loader.load_state_dict(merged)
+                    except dp.ElasticResumeError as error:
+                        check_refusal(case, error, merged, previous, (world, workers_now))
+                        check_exactly_once(case, delivered, consumers, partial=True)
+                        return
                 refs.append([recipe.outputs(o) for o in rest_of_epoch(loader, epoch)])
         finally:
             close_all(ref_loaders)
@@ -496,13 +508,44 @@ def run_stages(case: Case, chain: list[tuple[int, int]], rng: random.Random) -> 
     check_exactly_once(case, delivered, consumers)
 
 
-def check_exactly_once(case: Case, delivered: list[int], consumers: int) -> None:
+def check_refusal(
+    case: Case,
+    error: dp.ElasticResumeError,
+    merged: dict[str, Any],
+    previous: Any,
+    topology: tuple[int, int],
+) -> None:
+    """A refused load: allowed only for a recipe with a known refusal, on a new topology; the
+    state still resumes on the topology it was saved on, exactly."""
+    assert case.recipe.may_refuse, f"refused: {error}\n{case.where()}"
+    assert previous[0] != topology, f"refused on the same topology: {error}\n{case.where()}"
+    case.log[-1] += f": refused ({str(error)[:60]}...)"
+    world, workers = previous[0]
+    same = case.loaders(world, workers)
+    try:
+        for r, loader in enumerate(same):
+            loader.load_state_dict(merged)
+            rest = [case.recipe.outputs(o) for o in rest_of_epoch(loader, 0)]
+            if case.recipe.ordered:
+                expected = previous[2][r][previous[3][r] :]
+                assert rest == expected, f"rank {r} on the saved topology\n{case.where()}"
+    finally:
+        close_all(same)
+
+
+def check_exactly_once(
+    case: Case, delivered: list[int], consumers: int, partial: bool = False
+) -> None:
+    """No id twice, none outside the epoch; all of them unless ``partial`` (a refused resume
+    ends the case early) or a final ``drop_last`` batch left some out."""
     recipe, got = case.recipe, Counter(delivered)
     twice = sorted(i for i, n in got.items() if n > 1)
     places = {i: case.where_delivered.get(i) for i in twice[:20]}
     assert not twice, f"delivered more than once (last seen): {places}\n{case.where()}"
     extra = sorted((got - recipe.ids).elements())
     assert not extra, f"delivered but not in the epoch: {extra[:20]}\n{case.where()}"
+    if partial:
+        return
     missing = sorted((recipe.ids - got).elements())
     allowed = (recipe.batch_size - 1) * consumers if recipe.drop_last else 0
     assert len(missing) <= allowed, (
