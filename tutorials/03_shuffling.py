@@ -273,7 +273,8 @@ assert list(dp.Loader(pipe, seed=7, num_workers=2)) == list(dp.Loader(pipe, seed
 # A buffer shuffle is different: every consumer (rank x worker) shuffles its own share in
 # a buffer of its own, with its own random stream, so its order depends on how many
 # consumers there are. Same seed and same topology: same order; another num_workers or
-# world_size: another order (and a checkpoint refuses the other topology).
+# world_size: another order (and a checkpoint resumed on another topology deals the rest
+# of the epoch anew: tutorial 05).
 buffered = files.shuffle().read_jsonl().shuffle(buffer_size=100).map(lambda r: r["id"])
 in_process, in_workers = (
     list(dp.Loader(buffered, seed=7)),
