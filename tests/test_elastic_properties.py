@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,9 +97,17 @@ def fan_out(item: Any) -> list[Any]:
 
 
 # ----- the core's known gaps -----------------------------------------------------------------
-# Each is refused with dp.ElasticResumeError (checked at the end of this module); the random
-# recipes avoid them, so the properties check everything else.
+# The refusals are checked at the end of this module; a bug has a strict-xfail reproduction
+# there (when it passes, XPASS fails the run: delete its entry and mark). The random cases
+# avoid them, so the properties check everything else.
 KNOWN_GAPS = {
+    # bug: even_batches without torch.distributed, a state merged after a rank finished its
+    # dealt share (after an elastic resume): the next iteration raises ValueError ("this
+    # rank's state holds only its own share")
+    "even_batches after a finished dealt share",
+    # bug: batch(drop_last=True), a resumed stage with 2+ DataLoader workers per rank saved and
+    # resumed again: an item is lost without being reported in loader.dropped()
+    "drop_last through resumed workers",
     # elastic: refused (ElasticResumeError) when a flat_map was mid-item and the steps below
     # it could reorder items, so the rest of the item cannot be re-dealt: another flat_map
     # (unbatch too), a buffer shuffle, a combinator, a .shard() stream
@@ -335,13 +344,15 @@ class Case:
     seed: int
     recipe: Recipe
     loader_seed: int
+    even: bool = False  # Loader(even_batches=...)
     log: list[str] = field(default_factory=list)
     where_delivered: dict[int, str] = field(default_factory=dict)  # id -> its last delivery
+    dropped: Counter = field(default_factory=Counter)  # loader.dropped() over all stages
 
     def where(self) -> str:
         return (
             f"seed={self.seed} recipe={''.join(self.recipe.text)} loader seed={self.loader_seed}"
-            f"\n  stages: {'; '.join(self.log)}"
+            f" even_batches={self.even}\n  stages: {'; '.join(self.log)}"
         )
 
     def loaders(self, world_size: int, num_workers: int) -> list[dp.Loader]:
@@ -352,7 +363,7 @@ class Case:
                 rank=r,
                 world_size=world_size,
                 num_workers=num_workers,
-                even_batches=False,
+                even_batches=self.even,
             )
             for r in range(world_size)
         ]
@@ -398,9 +409,15 @@ def run_elastic_case(
     recipe = RecipeMaker(rng, root, unordered=workers == (0,)).make()
     chain = [(rng.randint(1, 4), rng.choice(workers)) for _ in range(rng.randint(2, 4))]
     chain = chain if topologies is None else topologies
-    case = Case(seed, recipe, rng.randrange(1000))
+    if recipe.drop_last and "drop_last through resumed workers" in KNOWN_GAPS:
+        chain = [
+            (w, min(k, 1)) if 0 < i < len(chain) - 1 else (w, k) for i, (w, k) in enumerate(chain)
+        ]
+    case = Case(seed, recipe, rng.randrange(1000), even=rng.random() < 0.2)
     try:
-        run_stages(case, chain, rng)
+        with warnings.catch_warnings():  # even_batches warns of what it drops: counted here
+            warnings.simplefilter("ignore", dp.UnevenDataWarning)
+            run_stages(case, chain, rng)
     except AssertionError:
         raise
     except Exception as error:  # name the case: an error inside the core does not
@@ -414,6 +431,7 @@ def run_stages(case: Case, chain: list[tuple[int, int]], rng: random.Random) -> 
         recipe.steps & {"flat_map", "rebatch"}
     )
     never_started_gap = "finished rank + never-started rank" in KNOWN_GAPS
+    even_gap = "even_batches after a finished dealt share" in KNOWN_GAPS
     epoch = 0
     delivered: list[int] = []
     consumers = 0  # consumers over all stages: each may drop a partial batch at its end
@@ -460,12 +478,15 @@ def run_stages(case: Case, chain: list[tuple[int, int]], rng: random.Random) -> 
                 case.log[-1] += ": to the end"
                 got = [rest_of_epoch(loader, epoch) for loader in loaders]
                 counts = [len(g) for g in got]
+                stops = ["end"] * world
             else:
                 got, counts, stops = [], [], []
                 for r, loader in enumerate(loaders):
                     kind = rng.choice(STOPS)
                     if kind == "zero" and stage == 0 and never_started_gap:
                         kind = "started"
+                    if kind == "end" and stage > 0 and case.even and even_gap:
+                        kind = "last"
                     total = len(refs[r])
                     k = {
                         "zero": 0,
@@ -494,6 +515,11 @@ def run_stages(case: Case, chain: list[tuple[int, int]], rng: random.Random) -> 
                 assert len(ids) == counts[r], f"rank {r}: {len(ids)} != {counts[r]}\n{where()}"
                 delivered += [i for out in ids for i in out]
                 case.where_delivered.update({i: f"stage {stage} rank {r}" for o in ids for i in o})
+            for loader, stop in zip(loaders, stops):
+                # what the ranks that ran to the epoch's end dropped (one that stopped earlier
+                # may have read ahead to a drop it will make again after the resume)
+                if stop.startswith("end") or last:
+                    case.dropped.update(loader.dropped())
             if last:
                 check_next_epoch(case, loaders, world, workers_now, epoch + 1)
             else:
@@ -537,7 +563,8 @@ def check_exactly_once(
     case: Case, delivered: list[int], consumers: int, partial: bool = False
 ) -> None:
     """No id twice, none outside the epoch; all of them unless ``partial`` (a refused resume
-    ends the case early) or a final ``drop_last`` batch left some out."""
+    ends the case early), less what the Loaders reported dropped (a final ``drop_last``
+    batch: at most ``size - 1`` per consumer; ``even_batches``: Loader items, batches or not)."""
     recipe, got = case.recipe, Counter(delivered)
     twice = sorted(i for i, n in got.items() if n > 1)
     places = {i: case.where_delivered.get(i) for i in twice[:20]}
@@ -547,11 +574,22 @@ def check_exactly_once(
     if partial:
         return
     missing = sorted((recipe.ids - got).elements())
-    allowed = (recipe.batch_size - 1) * consumers if recipe.drop_last else 0
-    assert len(missing) <= allowed, (
-        f"{len(missing)} ids never delivered (allowed: {allowed}, drop_last={recipe.drop_last}):"
-        f" {missing[:20]}\n{case.where()}"
-    )
+    batch_drops = sum(n for step, n in case.dropped.items() if step.startswith("batch("))
+    even_drops = sum(n for step, n in case.dropped.items() if step.startswith("even_batches"))
+    unknown = [step for step in case.dropped if not step.startswith(("batch(", "even_batches"))]
+    note = f"drops reported: {dict(case.dropped)}\n{case.where()}"
+    assert not unknown, note
+    assert not batch_drops or recipe.drop_last, note
+    assert batch_drops <= ((recipe.batch_size or 1) - 1) * consumers, note
+    assert not even_drops or case.even, note
+    if even_drops:  # counted in Loader items: the last batch of a rank may be short
+        most = batch_drops + even_drops * (recipe.batch_size or 1)
+        assert batch_drops <= len(missing) <= most, f"{len(missing)} ids never delivered\n{note}"
+    else:
+        assert len(missing) == batch_drops, (
+            f"{len(missing)} ids never delivered, {batch_drops} reported dropped: {missing[:20]}"
+            f"\n{note}"
+        )
 
 
 def without_graph(state: dict[str, Any]) -> dict[str, Any]:
@@ -984,3 +1022,58 @@ def test_save_right_after_a_resumed_iter(make: Callable[[], dp.DataPipe[Any]]) -
         delivered += list(third)
     with dp.Loader(pipe) as whole:
         assert repr(delivered) == repr(list(whole))
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: even_batches after a finished dealt share")
+def test_even_batches_after_a_rank_finished_its_dealt_share() -> None:
+    # 1 rank reads 1 item; on 3 ranks rank 0 reads its whole share, the others 1 item; the
+    # merged state on the same 3 ranks: rank 1's next iteration raises ValueError
+    pipe = dp.range(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dp.UnevenDataWarning)
+        with dp.Loader(pipe, even_batches=True) as one:
+            delivered = list(islice(iter(one), 1))
+            merged = dp.merge_states([one.state_dict()])
+        three = [dp.Loader(pipe, rank=r, world_size=3, even_batches=True) for r in range(3)]
+        for loader in three:
+            loader.load_state_dict(merged)
+        delivered += list(three[0])
+        for loader in three[1:]:
+            delivered += list(islice(iter(loader), 1))
+        merged = dp.merge_states([loader.state_dict() for loader in three])
+        close_all(three)
+        again = [dp.Loader(pipe, rank=r, world_size=3, even_batches=True) for r in range(3)]
+        for loader in again:
+            loader.load_state_dict(merged)
+            delivered += list(loader)
+        dropped = sum(n for loader in again for n in loader.dropped().values())
+        close_all(again)
+    assert len(set(delivered)) == len(delivered) and len(delivered) + dropped == 8
+
+
+@pytest.mark.slow  # DataLoader workers
+@pytest.mark.xfail(strict=True, reason="known gap: drop_last through resumed workers")
+def test_drop_last_through_a_resumed_stage_with_workers() -> None:
+    # 2 ranks: rank 1 reads its 3 batches; the merged state on 2 ranks x 2 workers: rank 1
+    # reads 1 batch; that merged state on 1 rank: 4 and 6 never arrive, and loader.dropped()
+    # does not count them (0, 2, 4, 6 remained: two full batches)
+    pipe = dp.range(12).batch(2, drop_last=True, collate_fn=dp.no_collate)
+    merged = None
+    delivered: list[int] = []
+    for world, workers, stops in [(2, 0, [0, 3]), (2, 2, [0, 1])]:
+        loaders = [
+            dp.Loader(pipe, rank=r, world_size=world, num_workers=workers, even_batches=False)
+            for r in range(world)
+        ]
+        for loader, stop in zip(loaders, stops):
+            if merged is not None:
+                loader.load_state_dict(merged)
+            delivered += [i for batch in islice(iter(loader), stop) for i in batch]
+        merged = dp.merge_states([loader.state_dict() for loader in loaders])
+        close_all(loaders)
+    with dp.Loader(pipe) as last:
+        last.load_state_dict(merged)
+        delivered += [i for batch in last for i in batch]
+        dropped = sum(last.dropped().values())
+    assert sorted(delivered) == sorted(set(delivered))
+    assert len(delivered) + dropped == 12, (sorted(delivered), last.dropped())
