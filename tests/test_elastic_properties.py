@@ -224,6 +224,8 @@ class RecipeMaker:
             + ["bytes", "npy", "tar"]
         )
         n = rng.randint(0, 40)
+        if kind == "bytes":  # one file a record: without records the listing would be empty
+            n = max(n, 1)
         self.kinds.add("int" if kind in ("range", "sequence") else kind.split("_")[0])
         ids = [local * TAGS + tag for local in range(n)]
         directory = self.root / f"branch{tag}"
@@ -262,10 +264,7 @@ class RecipeMaker:
             elif kind == "tar":
                 samples = [{"__key__": f"s{i:06d}", "id": str(i).encode()} for i in chunk]
                 write_file(directory, name + ".tar", tar_bytes(samples))
-        pattern = str(directory / "*")
-        if not chunks:  # no data at all: an empty file still makes a listing
-            write_file(directory, "empty.txt", b"")
-        files = dp.files(pattern)
+        files = dp.files(str(directory / "*"))
         if kind.startswith("jsonl"):
             pipe = files.read_jsonl()
         elif kind == "lines":
