@@ -99,6 +99,7 @@ def make_state(
     node: Any,
     graph: str | None = None,
     plans: str | None = None,
+    dropped: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A Loader state (the layout in the module doc) for ``rank`` at ``epoch``.
 
@@ -116,6 +117,8 @@ def make_state(
     }
     if plans is not None:
         entry["plans"] = {"text": plans, "digest": node_digest(plans)}
+    if dropped:  # {"epoch", "counts"}: what was dropped so far, which a resume reports on
+        entry["dropped"] = dropped
     return {
         "version": STATE_VERSION,
         "fingerprint": fingerprint,
@@ -365,6 +368,13 @@ def without_idle_ranks(state: dict[str, Any]) -> dict[str, Any]:
     if idle:
         out["idle"] = idle
     return out
+
+
+def entry_drops(entry: dict[str, Any], epoch: int, key: str = "counts") -> dict[str, int]:
+    """The drop counts a (checked) rank entry holds for ``epoch`` (``{}``: none): all of
+    them (``"counts"``), or those made before a resume on another topology (``"carried"``)."""
+    dropped = entry.get("dropped")
+    return dict(dropped.get(key, {})) if dropped and dropped["epoch"] == epoch else {}
 
 
 def entry_plans(entry: dict[str, Any], epoch: int) -> list[Any] | None:

@@ -89,15 +89,30 @@ def check_rank(rank: Any, mine: Any, world_size: int) -> None:
     if not isinstance(rank, str) or not rank.isdigit() or str(int(rank)) != rank:
         raise InvalidStateError(path, 'a rank written as a string ("0")', rank)
     check_int(int(rank), path, 0, world_size - 1)
-    expect_keys(mine, path, {"epoch", "node", "digest"}, optional={"graph", "plans"})
+    expect_keys(mine, path, {"epoch", "node", "digest"}, optional={"graph", "plans", "dropped"})
     expect_int(mine, "epoch", path)
     check_digest(mine["node"], mine["digest"], f"{path}.digest")
     node_state(mine["node"], f"{path}.node")
     if "plans" in mine:
         check_plans(mine["plans"], f"{path}.plans")
+    if "dropped" in mine:
+        check_drops(mine["dropped"], f"{path}.dropped")
     graph = mine.get("graph")
     if graph is not None and not isinstance(graph, str):
         raise InvalidStateError(f"{path}.graph", "null or the graph record's JSON text", graph)
+
+
+def check_drops(dropped: Any, path: str) -> None:
+    """Refuse a rank's ``"dropped"`` that is not ``{"epoch": e, "counts": {step: n >= 0}}``
+    (with ``"carried"``, the part of them made before a resume on another topology)."""
+    expect_keys(dropped, path, {"epoch", "counts"}, optional={"carried"})
+    expect_int(dropped, "epoch", path)
+    for key in ("counts", "carried"):
+        counts = dropped.get(key, {})
+        if not isinstance(counts, dict) or not all(
+            isinstance(step, str) and is_int(n) and n >= 0 for step, n in counts.items()
+        ):
+            raise InvalidStateError(f"{path}.{key}", "a dict of counts >= 0 by step", counts)
 
 
 def check_plans(plans: Any, path: str) -> None:

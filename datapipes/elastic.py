@@ -24,6 +24,7 @@ from nodes import UPSTREAM, Context, Node
 from nodes import elastic as el
 from nodes import torchdata_adapter as torchdata
 from nodes.base import walk_graph
+from nodes.batch import drop_counts
 from nodes.errors import InvalidStateError, StateMismatchError
 
 if TYPE_CHECKING:
@@ -145,7 +146,10 @@ def resume_epoch(ranks: dict[str, dict[str, Any]]) -> int:
 
 
 def remaining_work(
-    pipe: DataPipe[Any], state: dict[str, Any], listings: Listings | None = None
+    pipe: DataPipe[Any],
+    state: dict[str, Any],
+    listings: Listings | None = None,
+    drops: dict[str, int] | None = None,
 ) -> tuple[int, el.Work | None]:
     """``(epoch, remaining work)`` of a (checked) state that covers every rank of its job.
 
@@ -153,7 +157,9 @@ def remaining_work(
     ``pin_memory``/``to_device`` steps). The work is ``None`` when the epoch
     has not started on any rank (a fresh epoch of any topology deals it).
     Raises :class:`nodes.elastic.ElasticResumeError` naming a step that has
-    no exact answer.
+    no exact answer. ``drops``, when given, receives what the DataLoader workers
+    that had ended their share dropped (``batch(drop_last=True)``), which no
+    rank's entry can say for sure (a count taken mid-epoch may be read-ahead).
     """
     ranks = checkpoint.with_idle_ranks(state)["ranks"]
     epoch = resume_epoch(ranks)
@@ -171,7 +177,7 @@ def remaining_work(
         if setup["even_batches"] and node is not None:
             node = node[UPSTREAM]  # the Loader's even_batches wrapper: its input's position
         try:
-            works.extend(_rank_work(pipe, setup, int(rank), epoch, node, plans, listings))
+            works.extend(_rank_work(pipe, setup, int(rank), epoch, node, plans, listings, drops))
         except (StateMismatchError, OSError):
             raise
         except (KeyError, TypeError, ValueError, IndexError, StopIteration) as error:
@@ -213,6 +219,7 @@ def _rank_work(
     node: Any,
     plans: Any,
     listings: Any,
+    drops: dict[str, int] | None = None,
 ) -> list[el.Work]:
     if not setup["num_workers"]:
         root = pipe.build(_context(setup, rank, 0, epoch, plans, listings))
@@ -224,7 +231,9 @@ def _rank_work(
     loader_state = _workers_state(node)
     if loader_state is None:  # the rank had ended its epoch
         return []
-    states = _worker_positions(worker_part, setup, rank, epoch, loader_state, plans, listings)
+    states = _worker_positions(
+        worker_part, setup, rank, epoch, loader_state, plans, listings, drops
+    )
     return [
         el.consumer_work(
             worker_part.build(_context(setup, rank, worker, epoch, plans, listings)), position
@@ -270,6 +279,7 @@ def _worker_positions(
     loader_state: dict[str, Any],
     plans: Any,
     listings: Any,
+    drops: dict[str, int] | None = None,
 ) -> list[Any]:
     """Each worker's node state after the last item the main process returned from it.
 
@@ -302,6 +312,12 @@ def _worker_positions(
                     if next(iter(roots[worker]), _END) is not _END:
                         break
                     ended[worker] = True
+        if drops is not None:  # what the workers that ended their share dropped at its end
+            for worker in range(workers):
+                if ended[worker]:
+                    saved = (snapshots.get(worker) or {}).get("dropped", {})
+                    for step, count in {**saved, **drop_counts(roots[worker])}.items():
+                        drops[step] = drops.get(step, 0) + count
         return [_END if ended[w] else roots[w].state_dict() for w in range(workers)]
     finally:
         for root in roots:

@@ -177,6 +177,9 @@ class Loader:
         # (epoch, the graph's state at the start of a fresh run): a state taken before the
         # run delivered anything is the epoch's start (node None), which merges as such.
         self._fresh: tuple[int, Any] | None = None
+        # (epoch, counts): items dropped in that epoch before the checkpoint this Loader
+        # resumed from (by the ranks or workers that saved it), reported by dropped().
+        self._carried_drops: tuple[int, dict[str, int]] | None = None
 
     # ----- iteration -----------------------------------------------------------
     @property
@@ -323,7 +326,12 @@ class Loader:
         >>> len(list(loader)), loader.dropped()
         (2, {'batch(4, drop_last=True)': 2})
         """
-        return worker_drop_counts(self._root)
+        counts = worker_drop_counts(self._root)
+        carried = self._carried_drops
+        if carried is not None and (carried[0] == self._cursor.last or self._root is None):
+            for step, count in carried[1].items():
+                counts[step] = counts.get(step, 0) + count
+        return counts
 
     def close(self) -> None:
         """Stop background threads and release resources; the Loader can be iterated again.
@@ -360,8 +368,9 @@ class Loader:
         if self._fresh is not None and node is not None and self._fresh == (epoch, node):
             node = None  # nothing delivered yet: the start of the epoch
         plans = None
-        if self._deal is not None and self._deal[0] == epoch:
-            plans = elastic.plans_text(epoch, self._my_plans())
+        if self._deal is not None and self._deal[0] in (epoch, epoch - 1):
+            # Kept one epoch on: a rank that finished its share still tells what it was.
+            plans = elastic.plans_text(self._deal[0], self._my_plans())
         return checkpoint.make_state(
             fingerprint=self._fingerprint,
             steps=self._steps,
@@ -372,6 +381,7 @@ class Loader:
             node=node,
             graph=self._graph.text(root),
             plans=plans,
+            dropped=self._drop_record(epoch, node),
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -419,6 +429,12 @@ class Loader:
             if node is not None:
                 self._validate_position(epoch, node, deal)
             self._resume(epoch, node, deal)
+            # The same consumers count their own drops again as they resume (a drop is at
+            # a consumer's end, which the resume replays); those of another topology's
+            # consumers, carried here before, are carried on.
+            self._carried_drops = (epoch, checkpoint.entry_drops(entry, epoch, "carried"))
+            if node is None and epoch > 0 and not plans:  # it had ended the epoch before
+                self._carried_drops = (epoch - 1, checkpoint.entry_drops(entry, epoch - 1))
             self._graph.load(checkpoint.rank_graph(state, self.rank))
             return
         self._load_elsewhere(state)
@@ -441,11 +457,45 @@ class Loader:
                 f"seed={self.seed}; the remaining items would be others. Pass "
                 f"seed={state['seed']}."
             )
-        epoch, work = elastic.remaining_work(self.pipe, state, self._listings.get(self._context))
+        ended_drops: dict[str, int] = {}
+        listings = self._listings.get(self._context)
+        epoch, work = elastic.remaining_work(self.pipe, state, listings, ended_drops)
         deal = None
         if work is not None:
             deal = (epoch, elastic.full_deal(work, self.world_size, self.num_workers))
         self._resume(epoch, None, deal)
+        # What the saved job dropped of the epoch is reported once, by the new rank 0: the
+        # counts its ranks recorded (final ones only) and those of workers that had ended.
+        carried: dict[str, int] = {}
+        if self.rank == 0:
+            entries = checkpoint.with_idle_ranks(state)["ranks"].values()
+            for counts in [ended_drops, *(checkpoint.entry_drops(e, epoch) for e in entries)]:
+                for step, count in counts.items():
+                    carried[step] = carried.get(step, 0) + count
+        self._carried_drops = (epoch, carried)
+
+    def _drop_record(self, epoch: int, node: Any) -> dict[str, Any] | None:
+        """The ``"dropped"`` a state keeps: counts that are final, never read-ahead ones.
+
+        After the rank's epoch ended, all of its counts (``epoch`` is then the next
+        one); mid-epoch only those carried from before a resume on another topology
+        (a count made mid-epoch may come from items read ahead, which a resume reads
+        again and counts again).
+        """
+        last, carried = self._cursor.last, self._carried_drops
+        carried_now = dict(carried[1]) if carried is not None and carried[0] == last else {}
+        if node is None and epoch == last + 1 and self._root is not None:
+            counts = self.dropped()  # the epoch ended: every count is final
+        elif epoch == last:
+            counts = carried_now
+        else:
+            return None
+        if not counts:
+            return None
+        record: dict[str, Any] = {"epoch": last, "counts": counts}
+        if carried_now:
+            record["carried"] = carried_now
+        return record
 
     def _resume(self, epoch: int, node: Any, deal: tuple[int, list[Any]] | None) -> None:
         self._cursor.restore(epoch, node)

@@ -320,4 +320,6 @@ class WorkerStreamNode(Node):
     def close(self) -> None:
         if self._closed_state is None and self._loader is not None:
             self._closed_state = self._position()
+            # The workers' last reports (skips, drops, statistics) outlive their processes.
+            self._final_states = self._received_states(self._it) or self._final_states
         self._stop_workers()

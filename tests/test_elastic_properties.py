@@ -101,13 +101,6 @@ def fan_out(item: Any) -> list[Any]:
 # there (when it passes, XPASS fails the run: delete its entry and mark). The random cases
 # avoid them, so the properties check everything else.
 KNOWN_GAPS = {
-    # bug: even_batches without torch.distributed, a state merged after a rank finished its
-    # dealt share (after an elastic resume): the next iteration raises ValueError ("this
-    # rank's state holds only its own share")
-    "even_batches after a finished dealt share",
-    # bug: batch(drop_last=True), a resumed stage with 2+ DataLoader workers per rank saved and
-    # resumed again: an item is lost without being reported in loader.dropped()
-    "drop_last through resumed workers",
     # elastic: refused (ElasticResumeError) when a flat_map was mid-item and the steps below
     # it could reorder items, so the rest of the item cannot be re-dealt: another flat_map
     # (unbatch too), a buffer shuffle, a combinator, a .shard() stream
@@ -514,10 +507,11 @@ def run_stages(case: Case, chain: list[tuple[int, int]], rng: random.Random) -> 
                 assert len(ids) == counts[r], f"rank {r}: {len(ids)} != {counts[r]}\n{where()}"
                 delivered += [i for out in ids for i in out]
                 case.where_delivered.update({i: f"stage {stage} rank {r}" for o in ids for i in o})
-            for loader, stop in zip(loaders, stops):
-                # what the ranks that ran to the epoch's end dropped (one that stopped earlier
-                # may have read ahead to a drop it will make again after the resume)
-                if stop.startswith("end") or last:
+            if last:
+                # what the epoch dropped, as the last Loaders report it: their own drops and
+                # those of the Loaders before them, which the states carry (a Loader that
+                # stopped earlier may have read ahead to a drop it makes again on resume)
+                for loader in loaders:
                     case.dropped.update(loader.dropped())
             if last:
                 check_next_epoch(case, loaders, world, workers_now, epoch + 1)
@@ -1023,10 +1017,10 @@ def test_save_right_after_a_resumed_iter(make: Callable[[], dp.DataPipe[Any]]) -
         assert repr(delivered) == repr(list(whole))
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: even_batches after a finished dealt share")
 def test_even_batches_after_a_rank_finished_its_dealt_share() -> None:
     # 1 rank reads 1 item; on 3 ranks rank 0 reads its whole share, the others 1 item; the
-    # merged state on the same 3 ranks: rank 1's next iteration raises ValueError
+    # merged state on the same 3 ranks: the others count their even share from every rank's
+    # plan (rank 0's state keeps its plan after it finished), and rank 0 is at epoch 1
     pipe = dp.range(8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dp.UnevenDataWarning)
@@ -1044,6 +1038,9 @@ def test_even_batches_after_a_rank_finished_its_dealt_share() -> None:
         again = [dp.Loader(pipe, rank=r, world_size=3, even_batches=True) for r in range(3)]
         for loader in again:
             loader.load_state_dict(merged)
+        assert [loader.epoch for loader in again] == [1, 0, 0]
+        again = again[1:]
+        for loader in again:
             delivered += list(loader)
         dropped = sum(n for loader in again for n in loader.dropped().values())
         close_all(again)
@@ -1051,11 +1048,10 @@ def test_even_batches_after_a_rank_finished_its_dealt_share() -> None:
 
 
 @pytest.mark.slow  # DataLoader workers
-@pytest.mark.xfail(strict=True, reason="known gap: drop_last through resumed workers")
 def test_drop_last_through_a_resumed_stage_with_workers() -> None:
     # 2 ranks: rank 1 reads its 3 batches; the merged state on 2 ranks x 2 workers: rank 1
-    # reads 1 batch; that merged state on 1 rank: 4 and 6 never arrive, and loader.dropped()
-    # does not count them (0, 2, 4, 6 remained: two full batches)
+    # reads 1 batch, and its worker 0, whose share is one item, drops it; that merged state on
+    # 1 rank: the drop is reported there (the state carries it) with the final one
     pipe = dp.range(12).batch(2, drop_last=True, collate_fn=dp.no_collate)
     merged = None
     delivered: list[int] = []
