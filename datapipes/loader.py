@@ -319,7 +319,11 @@ class Loader:
         ``even_batches`` drops what a rank has beyond the others (it also warns,
         :class:`datapipes.UnevenDataWarning`). Counted here so that nothing is
         left out silently; keys are ``"batch(32, drop_last=True)"`` and
-        ``"even_batches (Loader)"``.
+        ``"even_batches (Loader)"``. A checkpoint carries the counts that are
+        final (a rank's, once its epoch ended; a DataLoader worker's that had
+        ended its share): after a resume on another topology, rank 0 reports
+        what the saved job dropped of the epoch, so the new ranks' counts add
+        up to every item the epoch left out.
 
         >>> import datapipes as dp
         >>> loader = dp.Loader(dp.range(10).batch(4, drop_last=True))
