@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import warnings
 from collections import Counter
@@ -647,7 +648,8 @@ def check_next_epoch(
 
 # ----- the properties ---------------------------------------------------------------------
 
-FAST_CASES = 60
+# ELASTIC_CASES=500 python -m pytest tests/test_elastic_properties.py -k delivers: a deeper run
+FAST_CASES = int(os.environ.get("ELASTIC_CASES", "60"))
 SEED = 20261201
 
 
@@ -1072,3 +1074,35 @@ def test_drop_last_through_a_resumed_stage_with_workers() -> None:
         dropped = sum(last.dropped().values())
     assert sorted(delivered) == sorted(set(delivered))
     assert len(delivered) + dropped == 12, (sorted(delivered), last.dropped())
+
+
+@pytest.mark.xfail(
+    strict=True, reason="known gap: a finished rank's drop record is not saved again"
+)
+def test_a_finished_ranks_drop_record_survives_load_and_save() -> None:
+    # the epoch ends with 1 item dropped, recorded in the state; a Loader that loads it
+    # reports the drop, but its own state_dict() no longer holds it, so the next resume
+    # (and every later report) has lost it; the per-rank fixed point fails the same way
+    pipe = dp.range(5).batch(2, drop_last=True)
+    with dp.Loader(pipe) as one:
+        list(one)
+        state = one.state_dict()
+    with dp.Loader(pipe) as again:
+        again.load_state_dict(state)
+        assert again.dropped() == {"batch(2, drop_last=True)": 1}
+        assert without_graph(again.state_dict()) == without_graph(state)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: a finished epoch's drops on a new topology")
+def test_a_finished_epochs_drops_are_reported_on_another_topology() -> None:
+    # the one-rank epoch ended with 1 item dropped; loaded on 2 ranks (both at epoch 1, the
+    # epoch is over) neither reports the drop, while 1 rank does
+    pipe = dp.range(5).batch(2, drop_last=True)
+    with dp.Loader(pipe) as one:
+        list(one)
+        merged = dp.merge_states([one.state_dict()])
+    two = [dp.Loader(pipe, rank=r, world_size=2, even_batches=False) for r in range(2)]
+    for loader in two:
+        loader.load_state_dict(merged)
+    assert [loader.epoch for loader in two] == [1, 1]
+    assert sum(n for loader in two for n in loader.dropped().values()) == 1
