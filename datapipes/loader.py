@@ -415,7 +415,11 @@ class Loader:
             checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
             epoch, node = checkpoint.rank_position(state, self.rank)
             entry = state["ranks"][str(self.rank)]
+            # A rank's plans for this epoch, or for the one it finished (kept one epoch on).
+            plans_epoch = epoch
             plans = checkpoint.entry_plans(entry, epoch)
+            if plans is None and node is None and epoch > 0:
+                plans_epoch, plans = epoch - 1, checkpoint.entry_plans(entry, epoch - 1)
             deal = None
             if plans is not None:
                 setup = checkpoint.saved_setup(state)
@@ -424,12 +428,12 @@ class Loader:
                     self.pipe,
                     setup,
                     self.rank,
-                    epoch,
+                    plans_epoch,
                     plans,
                     self._listings.get(self._context),
                     where,
                 )
-                deal = (epoch, self._full_deal(state, epoch, plans))
+                deal = (plans_epoch, self._full_deal(state, plans_epoch, plans))
             if node is not None:
                 self._validate_position(epoch, node, deal)
             self._resume(epoch, node, deal)
@@ -437,7 +441,7 @@ class Loader:
             # a consumer's end, which the resume replays); those of another topology's
             # consumers, carried here before, are carried on.
             self._carried_drops = (epoch, checkpoint.entry_drops(entry, epoch, "carried"))
-            if node is None and epoch > 0 and not plans:  # it had ended the epoch before
+            if node is None and epoch > 0:  # it had ended the epoch before: its final counts
                 self._carried_drops = (epoch - 1, checkpoint.entry_drops(entry, epoch - 1))
             self._graph.load(checkpoint.rank_graph(state, self.rank))
             return
@@ -469,14 +473,16 @@ class Loader:
             deal = (epoch, elastic.full_deal(work, self.world_size, self.num_workers))
         self._resume(epoch, None, deal)
         # What the saved job dropped of the epoch is reported once, by the new rank 0: the
-        # counts its ranks recorded (final ones only) and those of workers that had ended.
+        # counts its ranks recorded (final ones only) and those of workers that had ended;
+        # when every rank had ended the epoch, the counts of that epoch.
+        dropped_in = epoch if work is not None else epoch - 1
         carried: dict[str, int] = {}
         if self.rank == 0:
             entries = checkpoint.with_idle_ranks(state)["ranks"].values()
-            for counts in [ended_drops, *(checkpoint.entry_drops(e, epoch) for e in entries)]:
+            for counts in [ended_drops, *(checkpoint.entry_drops(e, dropped_in) for e in entries)]:
                 for step, count in counts.items():
                     carried[step] = carried.get(step, 0) + count
-        self._carried_drops = (epoch, carried)
+        self._carried_drops = (dropped_in, carried)
 
     def _drop_record(self, epoch: int, node: Any) -> dict[str, Any] | None:
         """The ``"dropped"`` a state keeps: counts that are final, never read-ahead ones.
@@ -486,20 +492,19 @@ class Loader:
         (a count made mid-epoch may come from items read ahead, which a resume reads
         again and counts again).
         """
-        last, carried = self._cursor.last, self._carried_drops
-        carried_now = dict(carried[1]) if carried is not None and carried[0] == last else {}
-        if node is None and epoch == last + 1 and self._root is not None:
-            counts = self.dropped()  # the epoch ended: every count is final
-        elif epoch == last:
-            counts = carried_now
-        else:
+        carried = self._carried_drops
+        if node is None:  # between epochs: the counts of the one that ended are final
+            ended = epoch - 1
+            if self._root is not None and self._cursor.last == ended:
+                counts = self.dropped()
+            elif carried is not None and carried[0] == ended:
+                counts = dict(carried[1])  # loaded, not run since
+            else:
+                return None
+            return {"epoch": ended, "counts": counts} if counts else None
+        if carried is None or carried[0] != epoch or not carried[1]:
             return None
-        if not counts:
-            return None
-        record: dict[str, Any] = {"epoch": last, "counts": counts}
-        if carried_now:
-            record["carried"] = carried_now
-        return record
+        return {"epoch": epoch, "counts": dict(carried[1]), "carried": dict(carried[1])}
 
     def _resume(self, epoch: int, node: Any, deal: tuple[int, list[Any]] | None) -> None:
         self._cursor.restore(epoch, node)

@@ -1076,9 +1076,6 @@ def test_drop_last_through_a_resumed_stage_with_workers() -> None:
     assert len(delivered) + dropped == 12, (sorted(delivered), last.dropped())
 
 
-@pytest.mark.xfail(
-    strict=True, reason="known gap: a finished rank's drop record is not saved again"
-)
 def test_a_finished_ranks_drop_record_survives_load_and_save() -> None:
     # the epoch ends with 1 item dropped, recorded in the state; a Loader that loads it
     # reports the drop, but its own state_dict() no longer holds it, so the next resume
@@ -1093,7 +1090,6 @@ def test_a_finished_ranks_drop_record_survives_load_and_save() -> None:
         assert without_graph(again.state_dict()) == without_graph(state)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: a finished epoch's drops on a new topology")
 def test_a_finished_epochs_drops_are_reported_on_another_topology() -> None:
     # the one-rank epoch ended with 1 item dropped; loaded on 2 ranks (both at epoch 1, the
     # epoch is over) neither reports the drop, while 1 rank does
