@@ -1102,3 +1102,22 @@ def test_a_finished_epochs_drops_are_reported_on_another_topology() -> None:
         loader.load_state_dict(merged)
     assert [loader.epoch for loader in two] == [1, 1]
     assert sum(n for loader in two for n in loader.dropped().values()) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: carried drops lost on a same-topology re-save")
+def test_drops_carried_through_a_same_topology_resave_are_reported() -> None:
+    # 2 ranks, shares of 4 items, batches of 6: rank 0 runs its epoch and drops its 4, rank 1
+    # saves before its first batch; 1 rank loads that (carrying rank 0's 4 drops) and saves
+    # before its first batch; 1 rank loads that and runs to the end, dropping rank 1's 4:
+    # dropped() must say 8 (it says 4; without the middle save it says 8)
+    pipe = dp.range(8).batch(6, drop_last=True)
+    two = [dp.Loader(pipe, rank=r, world_size=2, even_batches=False) for r in range(2)]
+    assert list(two[0]) == [] and list(islice(iter(two[1]), 0)) == []
+    merged = dp.merge_states([loader.state_dict() for loader in two])
+    with dp.Loader(pipe) as middle:
+        middle.load_state_dict(merged)
+        merged = dp.merge_states([middle.state_dict()])
+    with dp.Loader(pipe) as last:
+        last.load_state_dict(merged)
+        assert list(last) == []
+        assert last.dropped() == {"batch(6, drop_last=True)": 8}
