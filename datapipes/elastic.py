@@ -26,6 +26,7 @@ from nodes import torchdata_adapter as torchdata
 from nodes.base import walk_graph
 from nodes.batch import drop_counts
 from nodes.errors import InvalidStateError, StateMismatchError
+from nodes.file_states import cursors_checked_later
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
@@ -177,7 +178,10 @@ def remaining_work(
         if setup["even_batches"] and node is not None:
             node = node[UPSTREAM]  # the Loader's even_batches wrapper: its input's position
         try:
-            works.extend(_rank_work(pipe, setup, int(rank), epoch, node, plans, listings, drops))
+            with cursors_checked_later():  # the new consumers check the pieces they read
+                works.extend(
+                    _rank_work(pipe, setup, int(rank), epoch, node, plans, listings, drops)
+                )
         except (StateMismatchError, OSError):
             raise
         except (KeyError, TypeError, ValueError, IndexError, StopIteration) as error:

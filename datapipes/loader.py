@@ -471,6 +471,17 @@ class Loader:
         deal = None
         if work is not None:
             deal = (epoch, elastic.full_deal(work, self.world_size, self.num_workers))
+            setup = {"world_size": self.world_size, "num_workers": self.num_workers}
+            where = f"{checkpoint.rank_path(self.rank)} (this rank's share of epoch {epoch})"
+            elastic.validate_plans(
+                self.pipe,
+                {**setup, "seed": self.seed},
+                self.rank,
+                epoch,
+                self._my_plans_of(deal),
+                listings,
+                where,
+            )
         self._resume(epoch, None, deal)
         # What the saved job dropped of the epoch is reported once, by the new rank 0: the
         # counts its ranks recorded (final ones only) and those of workers that had ended;
@@ -493,6 +504,9 @@ class Loader:
         again and counts again).
         """
         carried = self._carried_drops
+        if carried is not None and carried[0] == epoch and carried[1]:
+            # Mid-epoch, or at the start of a share dealt after a topology change.
+            return {"epoch": epoch, "counts": dict(carried[1]), "carried": dict(carried[1])}
         if node is None:  # between epochs: the counts of the one that ended are final
             ended = epoch - 1
             if self._root is not None and self._cursor.last == ended:
@@ -502,9 +516,7 @@ class Loader:
             else:
                 return None
             return {"epoch": ended, "counts": counts} if counts else None
-        if carried is None or carried[0] != epoch or not carried[1]:
-            return None
-        return {"epoch": epoch, "counts": dict(carried[1]), "carried": dict(carried[1])}
+        return None
 
     def _resume(self, epoch: int, node: Any, deal: tuple[int, list[Any]] | None) -> None:
         self._cursor.restore(epoch, node)
@@ -525,8 +537,11 @@ class Loader:
 
     def _my_plans(self) -> list[Any]:
         assert self._deal is not None
+        return self._my_plans_of(self._deal)
+
+    def _my_plans_of(self, deal: tuple[int, list[Any]]) -> list[Any]:
         per_rank = max(self.num_workers, 1)
-        return self._deal[1][self.rank * per_rank : (self.rank + 1) * per_rank]
+        return deal[1][self.rank * per_rank : (self.rank + 1) * per_rank]
 
     def _apply_plans(self, ctx: Context) -> None:
         """Hand this rank's consumers their plans (the Loader's context, or its workers')."""
