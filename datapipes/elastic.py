@@ -362,6 +362,66 @@ def validate_plans(
 # ----- dealing ------------------------------------------------------------------------------
 
 
+def deal_here(
+    pipe: DataPipe[Any],
+    state: dict[str, Any],
+    where: tuple[int, int, int, int],
+    listings: Any,
+) -> tuple[int, tuple[int, list[Any]] | None, dict[str, int]]:
+    """``(epoch, (epoch, every new consumer's plan) or None, dropped)`` for a Loader at
+    ``where`` (rank, world size, num_workers, seed) resuming a state of another topology.
+
+    ``dropped``: what the saved job's ended DataLoader workers had dropped. The deal is
+    ``None`` when the epoch had not started (a fresh epoch deals it). This rank's plans
+    are checked before they are used (the cursors of the files they read).
+    """
+    rank, world_size, num_workers, seed = where
+    if not covers_job(state):
+        saved = sorted(int(r) for r in state["ranks"])
+        raise StateMismatchError(
+            f"this checkpoint was taken with topology {state['topology']} and holds "
+            f"rank(s) {saved} only, but this Loader is rank {rank} of {world_size} with "
+            f"num_workers={num_workers}. To resume on another world size or number of "
+            "workers, merge every rank's state first: dp.merge_states([state of rank 0, "
+            "state of rank 1, ...]) (or dp.load_dcp_states for a DCP checkpoint); or "
+            "resume with the saved topology, each rank from its own state."
+        )
+    if state["seed"] != seed:
+        raise StateMismatchError(
+            f"this checkpoint was taken with seed={state['seed']}, this Loader has "
+            f"seed={seed}; the remaining items would be others. Pass seed={state['seed']}."
+        )
+    dropped: dict[str, int] = {}
+    epoch, work = remaining_work(pipe, state, listings, dropped)
+    if work is None:
+        return epoch, None, dropped
+    plans = full_deal(work, world_size, num_workers)
+    per_rank = max(num_workers, 1)
+    setup = {"world_size": world_size, "num_workers": num_workers, "seed": seed}
+    validate_plans(
+        pipe,
+        setup,
+        rank,
+        epoch,
+        plans[rank * per_rank : (rank + 1) * per_rank],
+        listings,
+        f"{checkpoint.rank_path(rank)} (this rank's share of epoch {epoch})",
+    )
+    return epoch, (epoch, plans), dropped
+
+
+def saved_deal(state: dict[str, Any], epoch: int, world_size: int, num_workers: int) -> list[Any]:
+    """Every consumer's plan of a dealt epoch, as far as the state holds them (a rank's own
+    state holds its own; the others' are needed only to count even batches)."""
+    per_rank = max(num_workers, 1)
+    deal: list[Any] = [None] * (world_size * per_rank)
+    for rank, entry in state["ranks"].items():
+        theirs = checkpoint.entry_plans(entry, epoch)
+        if theirs is not None:
+            deal[int(rank) * per_rank : (int(rank) + 1) * per_rank] = theirs
+    return deal
+
+
 def full_deal(work: el.Work, world_size: int, num_workers: int) -> list[Any]:
     """Every consumer's plan of ``work`` on a topology, rank-major (one per worker, or one
     per rank without workers): the same on every rank that computes it."""

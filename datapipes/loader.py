@@ -20,6 +20,7 @@ from datapipes.checkpoint import (  # noqa: F401 - re-exported
     InvalidStateError,
     StateMismatchError,
 )
+from datapipes.drops import CarriedDrops
 from datapipes.epochs import EpochCursor, EpochRun
 from datapipes.even_batches import EvenBatchesPolicy
 from datapipes.listings import JobListings
@@ -177,9 +178,7 @@ class Loader:
         # (epoch, the graph's state at the start of a fresh run): a state taken before the
         # run delivered anything is the epoch's start (node None), which merges as such.
         self._fresh: tuple[int, Any] | None = None
-        # (epoch, counts): items dropped in that epoch before the checkpoint this Loader
-        # resumed from (by the ranks or workers that saved it), reported by dropped().
-        self._carried_drops: tuple[int, dict[str, int]] | None = None
+        self._drops = CarriedDrops()  # dropped before the checkpoint it resumed
 
     # ----- iteration -----------------------------------------------------------
     @property
@@ -330,12 +329,8 @@ class Loader:
         >>> len(list(loader)), loader.dropped()
         (2, {'batch(4, drop_last=True)': 2})
         """
-        counts = worker_drop_counts(self._root)
-        carried = self._carried_drops
-        if carried is not None and (carried[0] == self._cursor.last or self._root is None):
-            for step, count in carried[1].items():
-                counts[step] = counts.get(step, 0) + count
-        return counts
+        built = self._root is not None
+        return self._drops.report(worker_drop_counts(self._root), self._cursor.last, built)
 
     def close(self) -> None:
         """Stop background threads and release resources; the Loader can be iterated again.
@@ -385,7 +380,9 @@ class Loader:
             node=node,
             graph=self._graph.text(root),
             plans=plans,
-            dropped=self._drop_record(epoch, node),
+            dropped=self._drops.record(
+                epoch, node, self._cursor.last, self._root is not None, self.dropped()
+            ),
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -433,107 +430,31 @@ class Loader:
                     self._listings.get(self._context),
                     where,
                 )
-                deal = (plans_epoch, self._full_deal(state, plans_epoch, plans))
+                deal = (
+                    plans_epoch,
+                    elastic.saved_deal(state, plans_epoch, self.world_size, self.num_workers),
+                )
             if node is not None:
                 self._validate_position(epoch, node, deal)
             self._resume(epoch, node, deal)
-            # The same consumers count their own drops again as they resume (a drop is at
-            # a consumer's end, which the resume replays); those of another topology's
-            # consumers, carried here before, are carried on.
-            self._carried_drops = (epoch, checkpoint.entry_drops(entry, epoch, "carried"))
-            if node is None and epoch > 0:  # it had ended the epoch before: its final counts
-                self._carried_drops = (epoch - 1, checkpoint.entry_drops(entry, epoch - 1))
+            self._drops.take_own(entry, epoch, node)
             self._graph.load(checkpoint.rank_graph(state, self.rank))
             return
         self._load_elsewhere(state)
 
     def _load_elsewhere(self, state: dict[str, Any]) -> None:
         """Resume a state of another topology: deal its epoch's remaining work here."""
-        if not elastic.covers_job(state):
-            saved = sorted(int(r) for r in state["ranks"])
-            raise StateMismatchError(
-                f"this checkpoint was taken with topology {state['topology']} and holds "
-                f"rank(s) {saved} only, but this Loader is rank {self.rank} with "
-                f"{self._topology_record()}. To resume on another world size or number of "
-                "workers, merge every rank's state first: dp.merge_states([state of rank 0, "
-                "state of rank 1, ...]) (or dp.load_dcp_states for a DCP checkpoint); or "
-                "resume with the saved topology, each rank from its own state."
-            )
-        if state["seed"] != self.seed:
-            raise StateMismatchError(
-                f"this checkpoint was taken with seed={state['seed']}, this Loader has "
-                f"seed={self.seed}; the remaining items would be others. Pass "
-                f"seed={state['seed']}."
-            )
-        ended_drops: dict[str, int] = {}
         listings = self._listings.get(self._context)
-        epoch, work = elastic.remaining_work(self.pipe, state, listings, ended_drops)
-        deal = None
-        if work is not None:
-            deal = (epoch, elastic.full_deal(work, self.world_size, self.num_workers))
-            setup = {"world_size": self.world_size, "num_workers": self.num_workers}
-            where = f"{checkpoint.rank_path(self.rank)} (this rank's share of epoch {epoch})"
-            elastic.validate_plans(
-                self.pipe,
-                {**setup, "seed": self.seed},
-                self.rank,
-                epoch,
-                self._my_plans_of(deal),
-                listings,
-                where,
-            )
+        where = (self.rank, self.world_size, self.num_workers, self.seed)
+        epoch, deal, ended_drops = elastic.deal_here(self.pipe, state, where, listings)
         self._resume(epoch, None, deal)
-        # What the saved job dropped of the epoch is reported once, by the new rank 0: the
-        # counts its ranks recorded (final ones only) and those of workers that had ended;
-        # when every rank had ended the epoch, the counts of that epoch.
-        dropped_in = epoch if work is not None else epoch - 1
-        carried: dict[str, int] = {}
-        if self.rank == 0:
-            entries = checkpoint.with_idle_ranks(state)["ranks"].values()
-            for counts in [ended_drops, *(checkpoint.entry_drops(e, dropped_in) for e in entries)]:
-                for step, count in counts.items():
-                    carried[step] = carried.get(step, 0) + count
-        self._carried_drops = (dropped_in, carried)
-
-    def _drop_record(self, epoch: int, node: Any) -> dict[str, Any] | None:
-        """The ``"dropped"`` a state keeps: counts that are final, never read-ahead ones.
-
-        After the rank's epoch ended, all of its counts (``epoch`` is then the next
-        one); mid-epoch only those carried from before a resume on another topology
-        (a count made mid-epoch may come from items read ahead, which a resume reads
-        again and counts again).
-        """
-        carried = self._carried_drops
-        if carried is not None and carried[0] == epoch and carried[1]:
-            # Mid-epoch, or at the start of a share dealt after a topology change.
-            return {"epoch": epoch, "counts": dict(carried[1]), "carried": dict(carried[1])}
-        if node is None:  # between epochs: the counts of the one that ended are final
-            ended = epoch - 1
-            if self._root is not None and self._cursor.last == ended:
-                counts = self.dropped()
-            elif carried is not None and carried[0] == ended:
-                counts = dict(carried[1])  # loaded, not run since
-            else:
-                return None
-            return {"epoch": ended, "counts": counts} if counts else None
-        return None
+        self._drops.take_job(state, epoch, ended_drops, self.rank, whole_epoch=deal is None)
 
     def _resume(self, epoch: int, node: Any, deal: tuple[int, list[Any]] | None) -> None:
         self._cursor.restore(epoch, node)
         self._deal = deal
         self._even.set_deal(deal)
         self._apply_plans(self._context)
-
-    def _full_deal(self, state: dict[str, Any], epoch: int, plans: list[Any]) -> list[Any]:
-        """Every consumer's plan of a planned epoch: the ranks' own where the state has them
-        (a rank's state holds its own; the others' are needed only to count even batches)."""
-        per_rank = max(self.num_workers, 1)
-        deal: list[Any] = [None] * (self.world_size * per_rank)
-        for rank, entry in state["ranks"].items():
-            theirs = checkpoint.entry_plans(entry, epoch)
-            if theirs is not None:
-                deal[int(rank) * per_rank : (int(rank) + 1) * per_rank] = theirs
-        return deal
 
     def _my_plans(self) -> list[Any]:
         assert self._deal is not None
