@@ -118,3 +118,24 @@ def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) ->
     goals = markdown.split("## Goals\n", 1)[1].strip().splitlines()
     assert len(goals) == 8, goals
     assert all(re.match(r"^- (PASS|MISS|n/a) ", goal) for goal in goals), goals
+
+
+def test_elastic_resume_benchmark_reports_its_four_rows(tmp_path: Path) -> None:
+    # benchmarks/elastic_resume.py on tiny data: every row of its table has a ratio
+    out = tmp_path / "elastic.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "elastic_resume.py"), "--size-mb", "2"]
+        + ["--range-size", "100000", "--repeats", "1", "--workdir", str(tmp_path / "data")]
+        + ["--markdown", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "%" in line]
+    assert len(rows) == 4, out.read_text()
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert RATIO.match(cells[4]), row  # elastic / same topology
