@@ -102,7 +102,9 @@ def test_positions_are_dealt_in_equal_runs_and_streams_round_robin():
     sizes = [sum(el.piece_length(p) or 0 for p in plan["a"]) for plan in plans]
     assert sizes == [4, 4, 5]
     assert [plan["b"] for plan in plans] == [
-        [{"range": [7, None, 3]}], [{"range": [8, None, 3]}], [{"range": [9, None, 3]}]
+        [{"range": [7, None, 3]}],
+        [{"range": [8, None, 3]}],
+        [{"range": [9, None, 3]}],
     ]
     assert el.deal(work, 3) == plans  # a pure function: every new rank computes the same
 
@@ -313,7 +315,7 @@ class DeclaredPassThrough(PassThrough):
         (dp.zip(dp.range(20), dp.range(20)), "'zip'.*dp.mix or dp.concat"),
         (dp.range(20).repeat(2), "'repeat'"),
         (dp.mix([dp.range(9), dp.range(9)], [1, 1], stop="first_exhausted"), "all_exhausted"),
-        (dp.range(20).apply_node(PassThrough), "PassThrough.*elastic = \"transparent\""),
+        (dp.range(20).apply_node(PassThrough), 'PassThrough.*elastic = "transparent"'),
     ],
     ids=["take", "zip", "repeat", "mix-first-exhausted", "custom-node"],
 )
@@ -343,8 +345,10 @@ def test_a_damaged_merged_state_is_an_invalid_state_error():
     text = json.dumps(node, separators=(",", ":"))
     from datapipes.checkpoint_schema import node_digest
 
-    damaged = {**merged, "ranks": {**merged["ranks"], "1": {**entry, "node": text,
-                                                            "digest": node_digest(text)}}}
+    damaged = {
+        **merged,
+        "ranks": {**merged["ranks"], "1": {**entry, "node": text, "digest": node_digest(text)}},
+    }
     with pytest.raises(dp.InvalidStateError, match=r'ranks\["1"\].node.slots'):
         dp.Loader(pipe, seed=5, rank=0, world_size=3).load_state_dict(damaged)
 
@@ -366,3 +370,19 @@ def test_fewer_remaining_files_than_consumers_are_split_into_parts(tmp_path):
         shares.append([record["id"] for record in loader])
     assert sorted(len(share) for share in shares) == [33, 33, 34, 90]
     assert sorted(taken + sum(shares, [])) == list(range(100)) + list(range(1000, 1100))
+
+
+def test_states_taken_under_other_worker_counts_describe_the_same_remaining_work():
+    # One checkpoint, loaded on 1 rank x 1, 2 or 3 workers (or 2 ranks), saved again before
+    # reading: each describes exactly the work the checkpoint described.
+    pipe = dp.range(90).shuffle().map(lambda x: x * 2).shuffle(buffer_size=6).batch(4)
+    _, merged = stop_at(loaders(pipe, 3), [2, 4, 1])
+    _, work = remaining_work(pipe, merged)
+    for world_size, num_workers in [(1, 1), (1, 2), (1, 3), (2, 2)]:
+        group = loaders(pipe, world_size, num_workers=num_workers)
+        for loader in group:
+            loader.load_state_dict(merged)
+        again = dp.merge_states([loader.state_dict() for loader in group])
+        assert again["topology"]["num_workers"] == num_workers
+        _, described = remaining_work(pipe, again)
+        assert el.expand(described) == el.expand(work), (world_size, num_workers)
