@@ -94,28 +94,21 @@ class Job:
     stderr: str
 
 
-def run_job(root: Path, name: str, nproc: int, config: dict[str, Any]) -> Job:
-    """Run distributed_job.py under torchrun with ``nproc`` ranks in ``root``; fail on error
-    or hang. Paths in ``config`` are relative to ``root``: the file-shuffle order depends on
-    the glob as written, so a relative one makes every run of the tests see the same orders.
-    """
-    folder = root / name
-    out = folder / "out"
-    out.mkdir(parents=True)
-    config_path = folder / "config.json"
-    config_path.write_text(json.dumps({**config, "out": str(out)}))
+def torchrun(job: Path, config_path: Path, nproc: int, cwd: Path, what: str) -> tuple[str, str]:
+    """Run ``job`` under torchrun with ``nproc`` ranks; its (stdout, stderr). Fails the test,
+    naming ``what``, when the job exits with an error or hangs (then all ranks are killed)."""
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
-        str(JOB),
+        str(job),
         str(config_path),
     ]
     process = subprocess.Popen(
         command,
-        cwd=root,
+        cwd=cwd,
         env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -126,11 +119,24 @@ def run_job(root: Path, name: str, nproc: int, config: dict[str, Any]) -> Job:
         stdout, stderr = process.communicate(timeout=JOB_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         stdout, stderr = stop_job(process)
-        pytest.fail(
-            f"the {nproc}-rank job ({config['mode']}) hung: killed after {JOB_TIMEOUT_S}s\n"
-            f"{stderr[-4000:]}"
-        )
-    assert process.returncode == 0, f"job failed ({process.returncode}):\n{stderr[-6000:]}"
+        pytest.fail(f"{what} hung: killed after {JOB_TIMEOUT_S}s\n{stderr[-4000:]}")
+    assert process.returncode == 0, f"{what} failed ({process.returncode}):\n{stderr[-8000:]}"
+    return stdout, stderr
+
+
+def run_job(root: Path, name: str, nproc: int, config: dict[str, Any]) -> Job:
+    """Run distributed_job.py under torchrun with ``nproc`` ranks in ``root``; fail on error
+    or hang. Paths in ``config`` are relative to ``root``: the file-shuffle order depends on
+    the glob as written, so a relative one makes every run of the tests see the same orders.
+    """
+    folder = root / name
+    out = folder / "out"
+    out.mkdir(parents=True)
+    config_path = folder / "config.json"
+    config_path.write_text(json.dumps({**config, "out": str(out)}))
+    stdout, stderr = torchrun(
+        JOB, config_path, nproc, root, f"the {nproc}-rank job ({config['mode']})"
+    )
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
     assert [r["rank"] for r in ranks] == list(range(nproc))
     assert all(r["world_size"] == nproc for r in ranks)

@@ -24,8 +24,6 @@ and end with the same model.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_distributed import child_env, flat, reported_drops, stop_job, write_data
+from test_distributed import flat, reported_drops, torchrun, write_data
 
 import datapipes as dp
 from datapipes.dcp_states import load_dcp_states
@@ -42,7 +40,6 @@ pytestmark = pytest.mark.slow  # every test reads what torchrun jobs wrote
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "elastic_job.py"
-JOB_TIMEOUT_S = 120
 SIZES = [23, 61, 17, 35, 48, 29, 52, 19, 41, 30]  # records per file: uneven ranks
 EPOCHS = 2
 SHARED = {"data": "data/*.jsonl", "seed": 7, "batch": 4, "buffer": 8, "epochs": EPOCHS}
@@ -136,30 +133,7 @@ def run_job(root: Path, name: str, nproc: int, phases: list[dict[str, Any]]) -> 
     out.mkdir(parents=True)
     config_path = out / "config.json"
     config_path.write_text(json.dumps({**SHARED, "phases": phases, "out": str(out)}))
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        str(JOB),
-        str(config_path),
-    ]
-    process = subprocess.Popen(
-        command,
-        cwd=root,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        stdout, stderr = stop_job(process)
-        pytest.fail(f"the {nproc}-rank job {name} hung: killed after {JOB_TIMEOUT_S}s\n{stderr}")
-    assert process.returncode == 0, f"job {name} failed ({process.returncode}):\n{stderr[-8000:]}"
+    stdout, stderr = torchrun(JOB, config_path, nproc, root, f"the {nproc}-rank job {name}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
     assert [r["world_size"] for r in ranks] == [nproc] * nproc
     return Job(ranks, stdout + stderr)
