@@ -98,14 +98,15 @@ class BufferShuffleNode(Node):
         self._slots = [int(seq) for seq in state["slots"]]
         slot_of = {seq: slot for slot, seq in enumerate(self._slots)}
         self._buffer = [None] * len(self._slots)
-        src = self._input()
+        src = iter(self._up)
+        noting = self._noting  # converting: the kept items travel with their origins
         for position in range(anchor_seq, seq):
             item = next(src, _GONE)
             if item is _GONE:  # the state read more than the input holds: refuse, not pad
                 raise InvalidStateError("seq", f"at most {position} (the items its input has)", seq)
             slot = slot_of.get(position)
             if slot is not None:
-                self._buffer[slot] = item
+                self._buffer[slot] = (item, self._up.last_origin()) if noting else item
         self._anchors = deque([(anchor_seq, anchor_state)])
         self._draws.seek(int(state["draws"]))
         self._exhausted = bool(state["exhausted"])

@@ -106,9 +106,10 @@ def reranged_record(record: Piece, piece: Piece) -> Piece:
 
 
 def _with_selection(out: Piece, piece: Piece) -> Piece:
-    for key in ("outputs", "from", "upto"):
-        if key in piece:
-            out[key] = piece[key]
+    if len(piece) > 1 or "range" not in piece:  # a plain range has nothing more to keep
+        for key in ("outputs", "from", "upto"):
+            if key in piece:
+                out[key] = piece[key]
     return out
 
 

@@ -5,6 +5,7 @@ See :mod:`nodes.elastic` for the vocabulary (source, piece, origin, work, plan).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,17 +37,9 @@ def coalesce(pieces: Iterable[Piece]) -> list[Piece]:
     plain = [p for p in pieces if not ("outputs" in p or "from" in p) and piece_length(p) != 0]
     plain = _fold_residues(plain)
     singles = sorted({p["range"][0] for p in plain if piece_length(p) == 1})
-    ranges = [list(p["range"]) for p in plain if piece_length(p) != 1]
-    changed = True
-    while changed:
-        ranges, changed = _join_ranges(ranges)
-        left = []
-        for value in singles:
-            if _attach(ranges, value):
-                changed = True
-            else:
-                left.append(value)
-        singles = left
+    ranges, _ = _join_ranges([list(p["range"]) for p in plain if piece_length(p) != 1])
+    singles = _attach_all(ranges, singles)
+    ranges = [r for r in ranges if r[3:] != ["gone"]]
     runs: list[list[int]] = []
     for value in singles:  # runs of single positions become ranges of step 1
         if runs and runs[-1][1] == value:
@@ -78,16 +71,37 @@ def _join_ranges(ranges: list[list[Any]]) -> tuple[list[list[Any]], bool]:
     return out, changed
 
 
-def _attach(ranges: list[list[Any]], value: int) -> bool:
-    """Extend a range by ``value`` where it is the position right after or before it."""
-    for r in sorted(ranges, key=lambda r: r[2]):
-        if r[1] == value:
-            r[1] = value + r[2]
-            return True
-        if r[0] - r[2] == value:
-            r[0] = value
-            return True
-    return False
+def _attach_all(ranges: list[list[Any]], singles: list[int]) -> list[int]:
+    """Extend ranges by the single positions right after (or before) them, joining ranges
+    that then meet; the singles that extend none are returned. Dict lookups per single and
+    step, so tens of thousands of buffered positions coalesce in milliseconds."""
+    by_stop = {(r[2], r[1]): r for r in ranges if r[1] is not None}
+    by_before = {(r[2], r[0] - r[2]): r for r in ranges}
+    steps = sorted({r[2] for r in ranges})
+    left = []
+    for value in singles:
+        for step in steps:
+            r = by_stop.pop((step, value), None)
+            if r is not None:  # value continues r: extend it, then join the range after it
+                r[1] = value + step
+                after = by_before.pop((step, value), None)
+                if after is not None and after is not r:
+                    del by_before[(step, r[0] - step)]
+                    by_stop.pop((step, after[1]), None)
+                    r[1] = after[1]
+                    after.append("gone")
+                    by_before[(step, r[0] - step)] = r
+                if r[1] is not None:
+                    by_stop[(step, r[1])] = r
+                break
+            r = by_before.pop((step, value), None)
+            if r is not None:  # value comes right before r
+                r[0] = value
+                by_before[(step, value - step)] = r
+                break
+        else:
+            left.append(value)
+    return left
 
 
 def _fold_residues(pieces: list[Piece]) -> list[Piece]:
@@ -155,10 +169,12 @@ def _deal_positions(pieces: list[Piece], consumers: int) -> list[list[Piece]]:
     seen = 0
     for piece in finite:
         length = piece_length(piece) or 0
-        for j in range(consumers):
+        j = max(0, bisect_right(bounds, seen) - 1)  # the first consumer the piece reaches
+        while j < consumers and bounds[j] < seen + length:
             lo, hi = max(bounds[j], seen), min(bounds[j + 1], seen + length)
             if lo < hi:
                 shares[j].append(cut(piece, lo - seen, hi - seen))
+            j += 1
         seen += length
     for piece in open_ended:
         start, _, step = piece["range"]
