@@ -130,7 +130,11 @@ class DataPipe(Generic[T]):
         From the identity without function names: renaming a function, or a
         new wording of ``repr``, leaves every shuffle order as it was.
         """
-        return int(digest(self.identity(names=False))[:16], 16) >> 1
+        cached = self.__dict__.get("_key_cache")
+        if cached is None:  # a recipe never changes: every build of it asks again
+            cached = int(digest(self.identity(names=False))[:16], 16) >> 1
+            object.__setattr__(self, "_key_cache", cached)
+        return cached
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -149,7 +153,8 @@ class DataPipe(Generic[T]):
 
     def _with_inputs(self, *inputs: DataPipe[Any]) -> DataPipe[T]:
         """This step, unchanged, reading from ``inputs`` instead of its own."""
-        return _rebuild(type(self), {**self.__dict__, "inputs": tuple(inputs)})
+        state = {k: v for k, v in self.__dict__.items() if k != "_key_cache"}  # new inputs
+        return _rebuild(type(self), {**state, "inputs": tuple(inputs)})
 
     # ----- runtime -----------------------------------------------------------
     def build(self, ctx: Context | None = None) -> Node[T]:
