@@ -107,22 +107,25 @@ class TorchDataset(torch.utils.data.IterableDataset):
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         # A forked worker inherits the process group, so the check holds there too.
         self.topology.check_against_torch_distributed()
+        return self._consumer_context(worker_id, num_workers)
+
+    def _consumer_context(self, worker_id: int, num_workers: int, epoch: int = 0) -> Context:
+        """The context of worker ``worker_id`` of ``num_workers``: its slot, the listings
+        and, after a resume on another topology, its share (see datapipes.elastic)."""
         ctx = Context(
             rank=self.topology.rank,
             world_size=self.topology.world_size,
             worker_id=worker_id,
             num_workers=num_workers,
+            epoch=epoch,
             seed=self.seed,
             stats=self.stats,
         )
         ctx.listings = self.listings
-        self._give_plan(ctx)
-        return ctx
-
-    def _give_plan(self, ctx: Context) -> None:
         plans = self.worker_plans
-        if plans is not None and ctx.worker_id < len(plans):
-            ctx.plans, ctx.plans_epoch = plans[ctx.worker_id], self.plans_epoch
+        if plans is not None and worker_id < len(plans):
+            ctx.plans, ctx.plans_epoch = plans[worker_id], self.plans_epoch
+        return ctx
 
     def __iter__(self) -> Iterator[Any]:
         ctx = self._context()
@@ -243,18 +246,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
         check_losses(state.get("losses", {}), f"{path}.losses")
         if state["node"] is None and not ended:
             return
-        ctx = Context(
-            rank=self.topology.rank,
-            world_size=self.topology.world_size,
-            worker_id=worker_id,
-            num_workers=num_workers,
-            epoch=epoch,
-            seed=self.seed,
-            stats=self.stats,
-        )
-        ctx.listings = self.listings
-        self._give_plan(ctx)
-        root = self.pipe.build(ctx)
+        root = self.pipe.build(self._consumer_context(worker_id, num_workers, epoch))
         try:
             if state["node"] is not None:
                 root.validate_state(state["node"], f"{path}.node")
