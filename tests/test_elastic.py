@@ -386,3 +386,27 @@ def test_states_taken_under_other_worker_counts_describe_the_same_remaining_work
         assert again["topology"]["num_workers"] == num_workers
         _, described = remaining_work(pipe, again)
         assert el.expand(described) == el.expand(work), (world_size, num_workers)
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "where"),
+    [
+        ("idle", [{"epoch": 1, "ranks": [[0, 9]]}], "idle"),  # past the job's ranks
+        ("idle", [{"epoch": -1, "ranks": [[2, 2]]}], "idle"),
+        ("dropped", {"epoch": 0, "counts": {"batch(4, drop_last=True)": -3}}, "dropped"),
+        ("plans", {"text": '{"epoch": 0, "consumers": []}', "digest": "0" * 16}, "plans"),
+    ],
+)
+def test_damaged_elastic_fields_are_invalid_state_errors(field, bad, where):
+    # A merged state's idle ranks, a rank's drop counts and plans are checked like the rest.
+    pipe = dp.range(40).batch(4, drop_last=True)
+    _, merged = stop_at(loaders(pipe, 3), [1, 2, 0])
+    damaged = json.loads(json.dumps(merged))
+    if field == "idle":
+        damaged["idle"] = bad
+    else:
+        damaged["ranks"]["0"][field] = bad
+    with pytest.raises(dp.InvalidStateError, match=where):
+        dp.Loader(pipe, seed=5, rank=0, world_size=2).load_state_dict(damaged)
+    with pytest.raises(dp.InvalidStateError, match=where):
+        dp.merge_states([damaged])
