@@ -370,6 +370,24 @@ def without_idle_ranks(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def remaining_record(epoch: int, work: Any, dropped: dict[str, int]) -> dict[str, Any]:
+    """A merged state's ``"remaining"``: the interrupted epoch's remaining work (see
+    :mod:`datapipes.elastic`) as JSON text, with its digest."""
+    text = json.dumps({"epoch": epoch, "work": work, "dropped": dropped}, separators=(",", ":"))
+    return {"text": text, "digest": node_digest(text)}
+
+
+def saved_remaining(state: dict[str, Any], epoch: int) -> tuple[int, Any, dict[str, int]]:
+    """``(epoch, work, dropped)`` of a (checked) merged state's ``"remaining"``, refused
+    unless it is the work of the epoch its ranks resume (``epoch``)."""
+    value = json.loads(state["remaining"]["text"])
+    if value["epoch"] != epoch:
+        raise InvalidStateError(
+            "remaining.text.epoch", f"{epoch} (the epoch the ranks resume)", value["epoch"]
+        )
+    return value["epoch"], value["work"], value["dropped"]
+
+
 def entry_drops(entry: dict[str, Any], epoch: int, key: str = "counts") -> dict[str, int]:
     """The drop counts a (checked) rank entry holds for ``epoch`` (``{}``: none): all of
     them (``"counts"``), or those made before a resume on another topology (``"carried"``)."""

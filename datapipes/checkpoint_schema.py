@@ -35,7 +35,7 @@ def check_envelope(state: dict[str, Any]) -> None:
     """Refuse (:class:`nodes.errors.InvalidStateError`) a Loader state (of this version)
     whose envelope has a missing, unknown or mistyped field; node states are parsed, not
     checked against a graph (that needs the recipe: ``Loader.load_state_dict``)."""
-    expect_keys(state, "", _KEYS, optional={"idle"})
+    expect_keys(state, "", _KEYS, optional={"idle", "remaining"})
     fingerprint = state["fingerprint"]
     if not isinstance(fingerprint, str):
         raise InvalidStateError("fingerprint", "the recipe's fingerprint (a string)", fingerprint)
@@ -56,6 +56,36 @@ def check_envelope(state: dict[str, Any]) -> None:
     for rank, mine in ranks.items():
         check_rank(rank, mine, world_size)
     check_idle(idle, set(ranks), world_size)
+    if "remaining" in state:
+        check_remaining(state["remaining"])
+
+
+def check_remaining(remaining: Any) -> None:
+    """Refuse a merged state's ``"remaining"`` (its epoch's remaining work, worked out by
+    ``merge_states``) that is not its JSON text with a matching digest and the right shape;
+    each piece is checked again by the source that reads it."""
+    expect_keys(remaining, "remaining", {"text", "digest"})
+    check_digest(remaining["text"], remaining["digest"], "remaining.digest")
+    value = node_state(remaining["text"], "remaining.text")
+    path = "remaining.text"
+    expect_keys(value, path, {"epoch", "work", "dropped"})
+    expect_int(value, "epoch", path)
+    work = value["work"]
+    if work is not None and not (
+        isinstance(work, dict)
+        and all(
+            isinstance(entry, dict)
+            and isinstance(entry.get("pieces"), list)
+            and entry.get("kind") in ("positions", "stream", "records", "files")
+            for entry in work.values()
+        )
+    ):
+        raise InvalidStateError(f"{path}.work", "null or {source: {kind, pieces}}", work)
+    dropped = value["dropped"]
+    if not isinstance(dropped, dict) or not all(
+        isinstance(k, str) and is_int(n) and n >= 0 for k, n in dropped.items()
+    ):
+        raise InvalidStateError(f"{path}.dropped", "a dict of counts >= 0 by step", dropped)
 
 
 def check_idle(idle: Any, ranks: set[str], world_size: int) -> None:

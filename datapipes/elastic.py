@@ -38,7 +38,9 @@ _END = object()
 # ----- merging ------------------------------------------------------------------------------
 
 
-def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def merge_states(
+    states: Iterable[dict[str, Any]], pipe: DataPipe[Any] | None = None
+) -> dict[str, Any]:
     """One Loader state for a whole job, from every rank's ``Loader.state_dict()``.
 
     ``states`` are the states of one checkpoint (each rank's own, or states
@@ -51,6 +53,13 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     Refused with :class:`datapipes.StateMismatchError`, saying which: a rank
     missing, states of different recipes, seeds or topologies, two different
     states of one rank, ranks in epochs that cannot belong to one checkpoint.
+
+    With ``pipe`` (the recipe the states were taken with), the interrupted
+    epoch's remaining work is worked out here, once, and kept in the merged
+    state (``"remaining"``, with a digest): a Loader on another topology then
+    only deals it, instead of restoring every old consumer's graph itself.
+    Worth it when one process merges for a large job (rank 0 saves the merged
+    state, every new rank loads that file).
 
     >>> import datapipes as dp
     >>> loaders = [dp.Loader(dp.range(8), rank=r, world_size=2) for r in range(2)]
@@ -86,9 +95,15 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "(each rank's Loader.state_dict(), or dp.load_dcp_states for a DCP checkpoint)."
         )
     resume_epoch(ranks)  # refuses ranks in epochs one checkpoint cannot hold
-    merged = {key: first[key] for key in first if key != "ranks"}
+    merged = {key: first[key] for key in first if key not in ("ranks", "remaining")}
     merged["ranks"] = _deduplicated_graphs({r: ranks[r] for r in sorted(ranks, key=int)})
-    return checkpoint.without_idle_ranks(merged)
+    merged = checkpoint.without_idle_ranks(merged)
+    if pipe is not None:
+        checkpoint.check_recipe_of(merged, pipe.fingerprint(), pipe.steps())
+        dropped: dict[str, int] = {}
+        epoch, work = remaining_work(pipe, merged, None, dropped)
+        merged["remaining"] = checkpoint.remaining_record(epoch, work, dropped)
+    return merged
 
 
 def _check_same_job(first: dict[str, Any], state: dict[str, Any]) -> None:
@@ -392,7 +407,10 @@ def deal_here(
             f"seed={seed}; the remaining items would be others. Pass seed={state['seed']}."
         )
     dropped: dict[str, int] = {}
-    epoch, work = remaining_work(pipe, state, listings, dropped)
+    if "remaining" in state:  # worked out once, when the states were merged
+        epoch, work, dropped = checkpoint.saved_remaining(state, resume_epoch(state["ranks"]))
+    else:
+        epoch, work = remaining_work(pipe, state, listings, dropped)
     if work is None:
         return epoch, None, dropped
     plans = full_deal(work, world_size, num_workers)

@@ -410,3 +410,28 @@ def test_damaged_elastic_fields_are_invalid_state_errors(field, bad, where):
         dp.Loader(pipe, seed=5, rank=0, world_size=2).load_state_dict(damaged)
     with pytest.raises(dp.InvalidStateError, match=where):
         dp.merge_states([damaged])
+
+
+def test_merging_with_the_recipe_works_out_the_remaining_work_once():
+    # merge_states(states, pipe) keeps the remaining work in the merged state: the new ranks
+    # deal exactly what they would have worked out themselves, and nothing twice.
+    pipe = dp.range(70).shuffle().shuffle(buffer_size=5).batch(3)
+    every = flat(list(dp.Loader(pipe, seed=5)))
+    taken, merged = stop_at(loaders(pipe, 3), [2, 5, 1])
+    _, work = remaining_work(pipe, merged)
+    precomputed = dp.merge_states([merged], pipe=pipe)
+    assert json.loads(precomputed["remaining"]["text"])["work"] == work
+    plain_deal = [loader for loader in loaders(pipe, 2)]
+    quick_deal = [loader for loader in loaders(pipe, 2)]
+    for slow, quick in zip(plain_deal, quick_deal):
+        slow.load_state_dict(merged)
+        quick.load_state_dict(precomputed)
+        assert quick.state_dict() == slow.state_dict()  # the same plans
+    rest = [x for loader in quick_deal for x in flat(list(loader))]
+    assert Counter(flat(taken) + rest) == Counter(every)
+    with pytest.raises(dp.StateMismatchError, match="different recipe"):
+        dp.merge_states([merged], pipe=dp.range(70).batch(3))
+    damaged = json.loads(json.dumps(precomputed))
+    damaged["remaining"]["text"] = damaged["remaining"]["text"].replace('"epoch":0', '"epoch":1')
+    with pytest.raises(dp.InvalidStateError, match="remaining.digest"):
+        dp.Loader(pipe, seed=5, rank=0, world_size=2).load_state_dict(damaged)
