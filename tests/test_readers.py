@@ -1104,3 +1104,21 @@ def test_jsonl_state_is_a_byte_offset_cursor(local):
         assert isinstance(offset, int) and starts[k - index] == offset
         assert 0 <= starts[k] - offset < block_size
     node.close()
+
+
+def test_field_names_are_lower_cased_as_webdataset_does(tmp_path):
+    # e0.JPG is field "jpg" (decoded as an image), e0.Seg.PNG is "seg.png"; keys keep their case
+    rgb = image_array(6, 5, seed=3)
+    samples = [
+        {"__key__": "Shard/E0", "JPG": encode_image(rgb, "png"), "Seg.PNG": encode_image(rgb)},
+        {"__key__": "Shard/E1", "CLS": b"7", "TXT": b"hi"},
+    ]
+    write_tar(tmp_path, "caps.tar", samples)
+    got = run(dp.files(str(tmp_path / "caps.tar")).read_tar().decode(image="hwc"))
+    assert [sorted(k for k in s if not k.startswith("__")) for s in got] == [
+        ["jpg", "seg.png"],
+        ["cls", "txt"],
+    ]
+    assert [s["__key__"] for s in got] == ["Shard/E0", "Shard/E1"]
+    assert same(got[0]["jpg"], torch.from_numpy(rgb)) and same(got[0]["seg.png"], got[0]["jpg"])
+    assert got[1]["cls"] == 7 and got[1]["txt"] == "hi"

@@ -165,14 +165,21 @@ def _pax_path(data: bytes) -> str | None:
 
 
 def split_name(name: str) -> tuple[str, str] | None:
-    """``(key, field)`` of a member name by webdataset rules, or None if it is not a field."""
+    """``(key, field)`` of a member name by webdataset rules, or None if it is not a field.
+
+    The field is lower-cased, as webdataset does: ``e0.JPG`` is field ``jpg`` (and decoded
+    as an image); the key keeps its case.
+
+    >>> split_name("shard/e0.Seg.PNG")
+    ('shard/e0', 'seg.png')
+    """
     name = name.removeprefix("./")
     slash = name.rfind("/") + 1
     base = name[slash:]
     dot = base.find(".", 1 if base.startswith("_") else 0)
     if base.startswith(".") or dot <= 0:
         return None
-    return name[: slash + dot], base[dot + 1 :]
+    return name[: slash + dot], base[dot + 1 :].lower()
 
 
 class TarFormat(RecordFormat):
