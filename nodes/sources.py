@@ -211,6 +211,8 @@ class IterableNode(Node):
 
     ``source`` may also be a zero-argument callable returning the iterable.
     A one-shot iterator (a generator object) cannot restart and is rejected.
+    An object with ``set_epoch(epoch)`` (a Hugging Face ``IterableDataset``, a
+    sampler) is told the epoch at every reset, before it is iterated.
     """
 
     kind = "iterable source"
@@ -232,6 +234,7 @@ class IterableNode(Node):
         if not self._is_factory:
             check_restartable(source)
         self._source = source
+        self._ctx = ctx
         self._obj: Any = None
         self._initial_state: Any = None
         self._it: Iterator[Any] = NotReset(self)
@@ -251,6 +254,9 @@ class IterableNode(Node):
         # A stateful object keeps its own position, so it is opened once; anything else
         # is iterated afresh (a factory called again) and replayed up to the position.
         obj = self._obj if self._obj is not None and self.stateful else self._open()
+        set_epoch = getattr(obj, "set_epoch", None)
+        if callable(set_epoch):  # an object that reshuffles per epoch (HF, a sampler) learns it
+            set_epoch(self._ctx.epoch)
         if self.stateful:
             obj.load_state_dict(self._initial_state if state is None else state["inner"])
             self._it = iter(obj)

@@ -386,3 +386,31 @@ def test_shuffle_is_a_permutation_with_new_orders_per_epoch():
         assert sorted(epoch) == list(range(64))
         counts[tuple(epoch)] += 1
     assert len(counts) == 4
+
+
+class EpochAware:
+    """A re-iterable that orders its items by the epoch it was told (like an HF dataset)."""
+
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+    def __iter__(self):
+        epoch = self.epochs[-1] if self.epochs else 0
+        return iter(range(epoch * 10, epoch * 10 + 3))
+
+
+def test_from_iterable_passes_the_epoch_to_an_object_that_takes_it():
+    source = EpochAware()
+    loader = dp.Loader(dp.from_iterable(source), seed=0)
+    assert [list(loader), list(loader)] == [[0, 1, 2], [10, 11, 12]]
+    loader.set_epoch(5)
+    assert list(loader) == [50, 51, 52] and source.epochs[-1] == 5
+    it = iter(loader)  # epoch 6, resumed mid-way in a new Loader: the same epoch is told
+    next(it)
+    state = loader.state_dict()
+    resumed = dp.Loader(dp.from_iterable(source), seed=0)
+    resumed.load_state_dict(state)
+    assert list(resumed) == [61, 62] and source.epochs[-1] == 6
