@@ -10,7 +10,7 @@ from datapipes.combine import concat, mix, zip
 from datapipes.dcp_states import load_dcp_states
 from datapipes.elastic import merge_states
 from datapipes.files import FileList, files
-from datapipes.loader import InvalidStateError, Loader, StateMismatchError
+from datapipes.loader import InexactResumeWarning, InvalidStateError, Loader, StateMismatchError
 from datapipes.pipe import DataPipe
 from datapipes.saving import load_checkpoint, save_checkpoint
 from datapipes.sources import from_iterable, from_sequence, range
@@ -29,6 +29,7 @@ __all__ = [
     "DataPipe",
     "ElasticResumeError",
     "FileList",
+    "InexactResumeWarning",
     "InvalidStateError",
     "Loader",
     "PipelineStats",

@@ -10,6 +10,7 @@ once, running it epoch by epoch, and its statistics.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
@@ -71,6 +72,10 @@ def _check_arguments(pipe: Any, num_workers: Any, dataloader_options: dict[str, 
     prefetch_factor = dataloader_options.get("prefetch_factor", 2)
     if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
         raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
+
+
+class InexactResumeWarning(UserWarning):
+    """A step of the recipe cannot resume exactly (said when the Loader is made, with the fix)."""
 
 
 class Loader:
@@ -162,6 +167,8 @@ class Loader:
         self._context = Context(
             rank=self.rank, world_size=self.world_size, seed=self.seed, stats=self.collects_stats
         )
+        for caveat in pipe.resume_caveats():  # said once, where the Loader is made
+            warnings.warn(caveat, InexactResumeWarning, stacklevel=2)
         self._runtime_pipe = runtime_recipe(
             pipe, self.topology, self.seed, num_workers, dataloader_options, stats=stats
         )

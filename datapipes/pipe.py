@@ -93,6 +93,16 @@ class DataPipe(Generic[T]):
         walk(self, 0)
         return out
 
+    def resume_caveat(self) -> str | None:
+        """Why resuming this step is not exact, said at ``Loader(...)``; ``None``: it is."""
+        return None
+
+    def resume_caveats(self) -> list[str]:
+        """The :meth:`resume_caveat` of every step of the recipe, sources first."""
+        found = [caveat for pipe in self.inputs for caveat in pipe.resume_caveats()]
+        own = self.resume_caveat()
+        return found if own is None else [*found, own]
+
     def identity(self, *, names: bool = True) -> dict[str, Any]:
         """The recipe's structure as plain data: step kinds, parameters, nesting.
 

@@ -92,6 +92,34 @@ class IterableSource(DataPipe[Any]):
     def _build(self, ctx: Context) -> Node[Any]:
         return IterableNode(self.args[0], ctx)
 
+    def resume_caveat(self) -> str | None:
+        size = hf_shuffle_buffer(self.args[0])
+        if size is None:
+            return None
+        return (
+            f"dp.from_iterable over a Hugging Face IterableDataset shuffled with a buffer of "
+            f"{size} items: its resume is not exact (the dataset's state_dict does not hold "
+            "its shuffle buffer, so a resume loses or repeats up to that many records). For "
+            "an exact resume, shuffle in the recipe instead: dp.files(the same files)"
+            f".shuffle().read_jsonl().shuffle(buffer_size={size}) (file order and records)."
+        )
+
+
+def hf_shuffle_buffer(source: Any) -> int | None:
+    """The buffer size of a Hugging Face ``IterableDataset``'s ``.shuffle()``, else ``None``.
+
+    Read off the chain of example iterables HF keeps (``_ex_iterable``, each wrapping the next
+    as ``ex_iterable``), without importing ``datasets``.
+    """
+    node = getattr(source, "_ex_iterable", None)
+    for _ in builtins.range(64):  # a chain, never a cycle; bounded all the same
+        if node is None:
+            return None
+        if type(node).__name__ == "BufferShuffledExamplesIterable":
+            return int(getattr(node, "buffer_size", 0)) or None
+        node = getattr(node, "ex_iterable", None)
+    return None
+
 
 def from_iterable(source: Iterable[Any] | Callable[[], Iterable[Any]]) -> DataPipe[Any]:
     """Items of an iterable, or of the iterable a zero-argument function returns.

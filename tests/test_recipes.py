@@ -414,3 +414,23 @@ def test_from_iterable_passes_the_epoch_to_an_object_that_takes_it():
     resumed = dp.Loader(dp.from_iterable(source), seed=0)
     resumed.load_state_dict(state)
     assert list(resumed) == [61, 62] and source.epochs[-1] == 6
+
+
+def test_an_hf_shuffle_buffer_is_said_to_resume_inexactly(tmp_path):
+    # HF's state_dict does not hold its shuffle buffer: Loader(...) says so, with the fix.
+    datasets = pytest.importorskip("datasets")
+    files = []
+    for f in range(2):
+        path = tmp_path / f"part{f}.jsonl"
+        path.write_text("".join(f'{{"id": {100 * f + i}}}\n' for i in range(10)))
+        files.append(str(path))
+    streaming = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+    said = r"buffer of 5 items.*shuffle\(buffer_size=5\)"
+    with pytest.warns(dp.InexactResumeWarning, match=said):
+        dp.Loader(dp.from_iterable(streaming.shuffle(seed=0, buffer_size=5)))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dp.InexactResumeWarning)
+        loader = dp.Loader(dp.from_iterable(streaming))  # no buffer: nothing to say
+    assert sorted(r["id"] for r in loader) == list(range(10)) + list(range(100, 110))
