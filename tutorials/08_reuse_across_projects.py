@@ -450,6 +450,15 @@ for epochs in (hf_epochs, dp_epochs):
     assert all(sorted(ids) == list(range(120)) for ids in epochs) and epochs[0] != epochs[1]
 print("both loops: every document once per epoch, a new order each epoch")
 
+# Keeping the HF dataset and wrapping it works too (its own state_dict resumes it, and
+# the Loader tells it each epoch through set_epoch), but its shuffle buffer is not in that
+# state: the Loader says so when it is made, and names the exact recipe above.
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always", dp.InexactResumeWarning)
+    dp.Loader(dp.from_iterable(streaming.shuffle(seed=0, buffer_size=64)))
+assert [w.category for w in said] == [dp.InexactResumeWarning]
+print("wrapping HF's shuffle buffer:", str(said[0].message).split(":")[0])
+
 # %% [markdown]
 # ## Migrating from a hand-written `IterableDataset`
 #
