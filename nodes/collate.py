@@ -66,6 +66,14 @@ def _collate(samples: list[Any], path: str) -> Any:
         if hasattr(first, "_fields"):
             return type(first)(*columns)
         return tuple(columns) if isinstance(first, tuple) else columns
+    if type(first).__module__.startswith("PIL."):  # torch's default_collate refuses them too
+        raise TypeError(
+            f"default_collate: samples{path} are PIL images, which do not stack into a "
+            "tensor. Decode them to arrays first (.decode(image='chw' or 'hwc'), or for a "
+            "Hugging Face Dataset .with_format('torch')), map a transform that returns "
+            "tensors (torchvision's to_tensor), or keep the list: batch(..., "
+            "collate_fn=dp.no_collate)."
+        )
     return list(samples)
 
 

@@ -125,3 +125,13 @@ def test_no_collate_keeps_lists_of_samples():
     assert all(type(b) is list for b in batches)
     assert [len(s["x"]) for b in batches for s in b] == list(range(5))
     assert dp.no_collate is not default_collate and dp.default_collate is default_collate
+
+
+def test_pil_images_are_refused_with_the_ways_to_batch_them():
+    # torch's default_collate fails on PIL images too; ours says what to do instead
+    image = pytest.importorskip("PIL.Image")
+    samples = [{"image": image.new("RGB", (4, 3)), "label": i} for i in range(2)]
+    with pytest.raises(TypeError, match=r"samples\['image'\] are PIL images.*decode.*no_collate"):
+        dp.default_collate(samples)
+    kept = dp.no_collate(samples)
+    assert [s["label"] for s in kept] == [0, 1]
