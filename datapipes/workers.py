@@ -120,17 +120,17 @@ def worker_loss_counts(root: Node[Any] | None) -> dict[str, dict[str, int]]:
 
 def worker_drop_counts(root: Node[Any] | None) -> dict[str, int]:
     """Items dropped at the end of the epoch per step, here and in the worker processes."""
-    counts = drop_counts(root)
-    for state in worker_states(root):
-        for step, count in state.get("dropped", {}).items():
-            counts[step] = counts.get(step, 0) + count
-    return counts
+    return _with_workers(drop_counts(root), root, "dropped")
 
 
 def worker_skip_counts(root: Node[Any] | None) -> dict[str, int]:
     """Bad records skipped per step, in this process's graph and in the worker processes."""
-    counts = skip_counts(root)
+    return _with_workers(skip_counts(root), root, "skipped")
+
+
+def _with_workers(counts: dict[str, int], root: Node[Any] | None, key: str) -> dict[str, int]:
+    """``counts`` (this process's, per step) plus those the workers report under ``key``."""
     for state in worker_states(root):
-        for step, count in state.get("skipped", {}).items():
+        for step, count in state.get(key, {}).items():
             counts[step] = counts.get(step, 0) + count
     return counts

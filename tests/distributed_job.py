@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -199,24 +200,34 @@ def read_mesh(config: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def main() -> None:
+def run_rank(work: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """One rank of a job: read the config (argv[1]), join the gloo group, write
+    ``rank<R>.json`` with the rank, the world size and what ``work(config)`` returns."""
     config = json.loads(Path(sys.argv[1]).read_text())
     warnings.simplefilter("always", dp.UnevenDataWarning)  # one line per rank and epoch
     dist.init_process_group("gloo", timeout=timedelta(seconds=config.get("collective_s", 60)))
     try:
-        result = {"rank": dist.get_rank(), "world_size": dist.get_world_size()}
-        if config["mode"] == "mesh":
-            result.update(read_mesh(config))
-        elif config["mode"] == "full+stop":  # two Loaders and models, one after the other
-            result.update(full=train(config, "full"), stop=train(config, "stop"))
-        else:  # two resumes, one after the other, of the same stopped run
-            result.update(resume=train(config, "resume"))
-            if config.get("dcp"):
-                result.update(dcp_resume=train(config, "dcp_resume"))
+        result = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), **work(config)}
         (Path(config["out"]) / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def run_mode(config: dict[str, Any]) -> dict[str, Any]:
+    """What this job's ``mode`` runs (see the module doc)."""
+    if config["mode"] == "mesh":
+        return read_mesh(config)
+    if config["mode"] == "full+stop":  # two Loaders and models, one after the other
+        return {"full": train(config, "full"), "stop": train(config, "stop")}
+    result = {"resume": train(config, "resume")}  # two resumes of the same stopped run
+    if config.get("dcp"):
+        result["dcp_resume"] = train(config, "dcp_resume")
+    return result
+
+
+def main() -> None:
+    run_rank(run_mode)
 
 
 if __name__ == "__main__":

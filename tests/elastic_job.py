@@ -28,10 +28,6 @@ ids it consumed, per epoch and step; warnings go to stderr tagged ``[phase name]
 
 from __future__ import annotations
 
-import json
-import sys
-import warnings
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +38,7 @@ from distributed_job import (
     ids,
     new_model,
     params,
+    run_rank,
     tag_warnings,
     to_tensors,
     train_step,
@@ -145,18 +142,13 @@ def read_uneven(
     return found
 
 
+def run_phases(config: dict[str, Any]) -> dict[str, Any]:
+    """Every phase of the config, one after the other, by name."""
+    return {phase["name"]: run_phase(config, phase) for phase in config["phases"]}
+
+
 def main() -> None:
-    config = json.loads(Path(sys.argv[1]).read_text())
-    warnings.simplefilter("always", dp.UnevenDataWarning)  # one line per rank and epoch
-    dist.init_process_group("gloo", timeout=timedelta(seconds=config.get("collective_s", 60)))
-    try:
-        result: dict[str, Any] = {"rank": dist.get_rank(), "world_size": dist.get_world_size()}
-        for phase in config["phases"]:
-            result[phase["name"]] = run_phase(config, phase)
-        (Path(config["out"]) / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    run_rank(run_phases)
 
 
 if __name__ == "__main__":
