@@ -12,6 +12,7 @@ epoch left out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from datapipes import checkpoint
@@ -41,11 +42,12 @@ class CarriedDrops:
         return live
 
     def record(
-        self, epoch: int, node: Any, last_epoch: int, built: bool, report: Counts
+        self, epoch: int, node: Any, last_epoch: int, built: bool, report: Callable[[], Counts]
     ) -> dict[str, Any] | None:
         """The ``"dropped"`` a state at ``(epoch, node)`` keeps (see the module doc).
 
-        ``report`` is :meth:`report` of the live graph, used once the epoch ended.
+        ``report()`` gives :meth:`report` of the live graph; it is asked only once the
+        epoch ended (a mid-epoch state keeps only what is carried).
         """
         if self.epoch == epoch and self.counts:
             # Mid-epoch, or at the start of a share dealt after a topology change.
@@ -54,7 +56,7 @@ class CarriedDrops:
             return None
         ended = epoch - 1  # between epochs: the counts of the one that ended are final
         if built and last_epoch == ended:
-            counts = report
+            counts = report()
         elif self.epoch == ended:
             counts = dict(self.counts)  # loaded, not run since
         else:

@@ -388,7 +388,7 @@ class Loader:
             graph=self._graph.text(root),
             plans=plans,
             dropped=self._drops.record(
-                epoch, node, self._cursor.last, self._root is not None, self.dropped()
+                epoch, node, self._cursor.last, self._root is not None, self.dropped
             ),
         )
 

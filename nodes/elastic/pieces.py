@@ -6,10 +6,12 @@ See :mod:`nodes.elastic` for the vocabulary (source, piece, origin, work, plan).
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from nodes.errors import StateMismatchError
+from nodes.errors import InvalidStateError, StateMismatchError
+from nodes.state_checks import check_int, expect_bool, expect_int, expect_keys
 
 if TYPE_CHECKING:
     from nodes.base import Node
@@ -135,8 +137,6 @@ def selected(piece: Piece, count: int) -> list[int]:
 
 def position_at(pieces: list[Piece], starts: list[int], k: int) -> tuple[int, Piece]:
     """The position of item ``k`` of a positions plan, and the piece it is in."""
-    from bisect import bisect_right
-
     i = bisect_right(starts, k) - 1
     piece = pieces[i]
     start, _, step = piece["range"]
@@ -184,8 +184,6 @@ def _count_from(start: int, step: int) -> Iterator[int]:
 
 def check_positions(pieces: Any, path: str, end: int | None) -> None:
     """Refuse a plan's positions pieces outside ``[0, end)`` (``end=None``: a stream)."""
-    from nodes.errors import InvalidStateError
-    from nodes.state_checks import check_int, expect_keys
 
     if not isinstance(pieces, list):
         raise InvalidStateError(path, "a list of pieces", pieces)
@@ -208,8 +206,6 @@ def check_positions(pieces: Any, path: str, end: int | None) -> None:
 
 def check_records(pieces: Any, path: str, files: int) -> None:
     """Refuse a plan's records pieces whose file, part or index cannot be in the listing."""
-    from nodes.errors import InvalidStateError
-    from nodes.state_checks import check_int, expect_bool, expect_int, expect_keys
 
     if not isinstance(pieces, list):
         raise InvalidStateError(path, "a list of pieces", pieces)
@@ -229,8 +225,6 @@ def check_records(pieces: Any, path: str, files: int) -> None:
 
 
 def _check_selection(piece: Piece, path: str) -> None:
-    from nodes.errors import InvalidStateError
-    from nodes.state_checks import check_int
 
     for key in ("from", "upto"):
         if key in piece:
