@@ -446,23 +446,6 @@ def full_deal(work: el.Work, world_size: int, num_workers: int) -> list[Any]:
     return el.deal(work, world_size * max(num_workers, 1))
 
 
-def describe(work: el.Work | None, world_size: int, num_workers: int) -> dict[str, Any]:
-    """How ``work`` would be dealt to a topology, for people (``inspect``): per consumer
-    and source, the items (positions) or pieces (records) it would get."""
-    if work is None:
-        return {"remaining": "the whole epoch (no rank had started it)"}
-    per_rank = max(num_workers, 1)
-    plans = full_deal(work, world_size, num_workers)
-    consumers = {}
-    for index, plan in enumerate(plans):
-        rank, worker = divmod(index, per_rank)
-        counts = el.count_items(
-            {p: {"kind": work[p]["kind"], "pieces": pieces} for p, pieces in plan.items()}
-        )
-        consumers[f"rank {rank} worker {worker}"] = counts
-    return {"remaining": el.count_items(work), "dealt": consumers}
-
-
 def plans_text(epoch: int, plans: list[Any]) -> str:
     """The JSON text a rank's entry keeps of its consumers' plans for ``epoch``."""
     return json.dumps({"epoch": epoch, "consumers": plans}, separators=(",", ":"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections.abc import Iterator
+from itertools import count
 from typing import TYPE_CHECKING, Any
 
 from nodes.errors import InvalidStateError, StateMismatchError
@@ -171,15 +172,8 @@ def stream_targets(pieces: list[Piece]) -> Iterator[int]:
     ranges = []
     for piece in pieces:
         start, stop, step = piece["range"]
-        ranges.append(_count_from(start, step) if stop is None else range(start, stop, step))
+        ranges.append(count(start, step) if stop is None else range(start, stop, step))
     return heapq.merge(*ranges)
-
-
-def _count_from(start: int, step: int) -> Iterator[int]:
-    value = start
-    while True:
-        yield value
-        value += step
 
 
 def check_positions(pieces: Any, path: str, end: int | None) -> None:
