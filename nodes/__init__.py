@@ -13,13 +13,14 @@ from nodes.device import PinMemoryNode, ToDeviceNode, apply_to_tensors
 from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.even import EvenBatchesNode
 from nodes.files import FileListNode, FileSet
+from nodes.iterable import IterableNode
 from nodes.parallel_map import ParallelMapNode
 from nodes.prefetch import PrefetchNode
 from nodes.readers import FileReaderNode, RecordFormat
 from nodes.rng import IndexPermutation, UniformStream, stable_hash
 from nodes.shard import ShardNode, WholeDataContext
 from nodes.shuffle import BufferShuffleNode
-from nodes.sources import IterableNode, SequenceNode
+from nodes.sources import SequenceNode
 from nodes.stats import StatsNode
 from nodes.transforms import FilterNode, FlatMapNode, MapNode, RepeatNode, TakeNode
 from nodes.workers import WorkerStreamNode

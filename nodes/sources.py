@@ -1,10 +1,10 @@
-"""Source nodes: random-access sequences (with an optional global shuffle) and iterables."""
+"""The random-access source node: a sequence, with an optional global shuffle."""
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain, islice
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -19,9 +19,8 @@ from nodes.base import (
     positioned_iterator,
 )
 from nodes.elastic import POSITIONS
-from nodes.errors import InvalidStateError
 from nodes.rng import IndexPermutation
-from nodes.state_checks import expect_dict, expect_int, expect_keys
+from nodes.state_checks import expect_int, expect_keys
 
 _SHUFFLE_BLOCK = 4096
 
@@ -179,123 +178,3 @@ class SequenceNode(Node):
             return el.rest_of_plan(plan, k)
         c, total = self._ctx.consumer_index, self._ctx.num_consumers
         return [el.positions(c + total * k, len(self._seq), total)]
-
-
-def is_factory(source: Any) -> bool:
-    """Whether ``source`` is a zero-argument function that returns the iterable."""
-    return callable(source) and not hasattr(source, "__iter__")
-
-
-def check_restartable(source: Any) -> None:
-    """Reject a one-shot iterator: it cannot restart for a new epoch or a resume."""
-    if hasattr(source, "__next__") and not hasattr(source, "load_state_dict"):
-        raise TypeError(
-            f"from_iterable got a one-shot iterator ({type(source).__name__}): it cannot "
-            "restart for a new epoch or a resume. Pass a re-iterable object (a list, a "
-            "dataset) or a function returning a fresh iterable, e.g. "
-            "dp.from_iterable(lambda: my_generator())."
-        )
-
-
-class IterableNode(Node):
-    """Yields the items of a re-iterable object, resuming as well as it allows.
-
-    * If the object has ``state_dict()``/``load_state_dict()`` (a torchdata
-      ``Stateful``, a Hugging Face ``IterableDataset``, a ``StatefulDataLoader``),
-      the state is the object's own state and resume is whatever it provides.
-      Its state must be plain data for the checkpoint to be plain.
-    * Otherwise resume is a *replay*: the state is the number of items yielded,
-      and ``reset(state)`` iterates the object afresh and skips that many
-      items. That costs O(position) and needs the object to yield the same
-      sequence every time it is iterated.
-
-    ``source`` may also be a zero-argument callable returning the iterable.
-    A one-shot iterator (a generator object) cannot restart and is rejected.
-    An object with ``set_epoch(epoch)`` (a Hugging Face ``IterableDataset``, a
-    sampler) is told the epoch at every reset, before it is iterated.
-    """
-
-    kind = "iterable source"
-    elastic_refusal = (
-        "(from_iterable) has no positions of its own to deal to other consumers; "
-        "dp.from_sequence (random access) or dp.files can be re-dealt"
-    )
-
-    def __init__(self, source: Iterable[Any] | Callable[[], Iterable[Any]], ctx: Context) -> None:
-        super().__init__()
-        if ctx.num_consumers > 1:
-            raise ValueError(
-                f"from_iterable(...) cannot split its items across {ctx.num_consumers} "
-                "consumers: every consumer would read every item (the classic IterableDataset "
-                "+ num_workers duplication). Add .shard() after it (each consumer keeps every "
-                "n-th item), or use a source that shards itself (dp.from_sequence, dp.files)."
-            )
-        self._is_factory = is_factory(source)
-        if not self._is_factory:
-            check_restartable(source)
-        self._source = source
-        self._ctx = ctx
-        self._obj: Any = None
-        self._initial_state: Any = None
-        self._it: Iterator[Any] = NotReset(self)
-        self._count = 0
-
-    def _open(self) -> Any:
-        """The object to iterate for this pass: the source, or a new one from its factory."""
-        obj = self._source() if self._is_factory else self._source
-        if self._obj is None:
-            self.stateful = hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
-            if self.stateful:
-                self._initial_state = obj.state_dict()
-        self._obj = obj
-        return obj
-
-    def reset(self, state: State | None = None) -> None:
-        # A stateful object keeps its own position, so it is opened once; anything else
-        # is iterated afresh (a factory called again) and replayed up to the position.
-        obj = self._obj if self._obj is not None and self.stateful else self._open()
-        set_epoch = getattr(obj, "set_epoch", None)
-        if callable(set_epoch):  # an object that reshuffles per epoch (HF, a sampler) learns it
-            set_epoch(self._ctx.epoch)
-        if self.stateful:
-            obj.load_state_dict(self._initial_state if state is None else state["inner"])
-            self._it = iter(obj)
-            return
-        self._count = 0 if state is None else int(state["count"])
-        self._it = iter(obj)
-        if self._count:
-            wanted, self._count = self._count, sum(1 for _ in islice(self._it, self._count))
-            if self._count < wanted:  # a position the source never reached: no silent end
-                raise InvalidStateError(
-                    "count", f"at most {self._count} (the items the source has)", wanted
-                )
-
-    def __next__(self) -> Any:
-        item = next(self._it)
-        self._count += 1
-        return item
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._it if self.stateful else self
-
-    def state_dict(self) -> State:
-        if self.stateful:
-            return {"inner": self._obj.state_dict()}
-        return {"count": self._count}
-
-    def validate_state(self, state: Any, path: str = "node") -> None:
-        # The object's own state ("inner") is opaque; a replay count is ours.
-        expect_dict(state, path)
-        source = self._source if not self._is_factory else self._obj
-        stateful = (
-            None
-            if source is None
-            else hasattr(source, "load_state_dict") and hasattr(source, "state_dict")
-        )
-        if stateful or (stateful is None and "inner" in state):
-            expect_keys(state, path, {"inner"})
-            return
-        expect_keys(state, path, {"count"})
-        expect_int(state, "count", path)
-        if source is not None and hasattr(source, "__len__"):
-            expect_int(state, "count", path, 0, len(source))
