@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from datapipes.identity import described_data, plain
 from datapipes.pipe import DataPipe
 from nodes import Context, IterableNode, Node
+from nodes.hf_iterable import hf_shuffle_buffer
 from nodes.iterable import check_restartable, is_factory
 
 
@@ -42,29 +42,22 @@ class IterableSource(DataPipe[Any]):
         )
 
 
-def hf_shuffle_buffer(source: Any) -> int | None:
-    """The buffer size of a Hugging Face ``IterableDataset``'s ``.shuffle()``, else ``None``.
-
-    Read off the chain of example iterables HF keeps (``_ex_iterable``, each wrapping the next
-    as ``ex_iterable``), without importing ``datasets``.
-    """
-    node = getattr(source, "_ex_iterable", None)
-    for _ in builtins.range(64):  # a chain, never a cycle; bounded all the same
-        if node is None:
-            return None
-        if type(node).__name__ == "BufferShuffledExamplesIterable":
-            return int(getattr(node, "buffer_size", 0)) or None
-        node = getattr(node, "ex_iterable", None)
-    return None
-
-
 def from_iterable(source: Iterable[Any] | Callable[[], Iterable[Any]]) -> DataPipe[Any]:
     """Items of an iterable, or of the iterable a zero-argument function returns.
 
     Resume uses the object's own ``state_dict``/``load_state_dict`` when it
     has them; otherwise it replays: the object is iterated afresh and the
     items already seen are skipped (O(position); the object must yield the
-    same items every time). It cannot be split across several consumers.
+    same items every time). An object with ``set_epoch`` is told the epoch.
+
+    Across several consumers (ranks x DataLoader workers), only datasets that
+    split themselves are split here: a Hugging Face ``IterableDataset`` by its
+    shards (``n_shards``; with fewer shards than consumers, every consumer keeps
+    every n-th example, as HF's ``split_dataset_by_node`` does), and a torch
+    ``IterableDataset`` that reads ``torch.utils.data.get_worker_info()``, which
+    is shown consumer ``c`` of ``C`` as worker ``c`` of ``C``. Anything else is
+    refused there: add ``.shard()`` after it (every consumer reads the whole
+    stream, which the datasets above then also do, and keeps its n-th items).
 
     >>> import datapipes as dp
     >>> list(dp.Loader(dp.from_iterable(lambda: (c for c in "ab"))))

@@ -41,6 +41,9 @@ class Context:
     #: for epoch ``plans_epoch`` only; ``None`` otherwise.
     plans: Any = None
     plans_epoch: int | None = None
+    #: In a graph built before a ``shard()``: the context of the consumer the shard runs
+    #: for (this one then reads the whole stream); ``None`` otherwise.
+    shard_ctx: Any = None
 
     def plan_for(self, place: str | None) -> list[Any] | None:
         """The pieces the source at ``place`` reads this epoch, or ``None``: its own share."""
@@ -147,6 +150,7 @@ class ScopedContext(Context):
     listings = property(lambda self: self._parent.listings)
     plans = property(lambda self: self._parent.plans)
     plans_epoch = property(lambda self: self._parent.plans_epoch)
+    shard_ctx = property(lambda self: self._parent.shard_ctx)
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
         return self._parent.random_key(self.tag, *parts, seed=seed)

@@ -6,9 +6,13 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from nodes.base import Context, Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.hf_iterable import hf_part, is_hf_iterable
 from nodes.state_checks import expect_dict, expect_int, expect_keys
+from nodes.worker_info import consumer_worker_info, started_with
 
 
 def is_factory(source: Any) -> bool:
@@ -43,6 +47,19 @@ class IterableNode(Node):
     A one-shot iterator (a generator object) cannot restart and is rejected.
     An object with ``set_epoch(epoch)`` (a Hugging Face ``IterableDataset``, a
     sampler) is told the epoch at every reset, before it is iterated.
+
+    Split across consumers (``world_size * num_workers`` of them):
+
+    * a Hugging Face ``IterableDataset`` by its shards (see :mod:`nodes.hf_iterable`);
+    * a torch ``IterableDataset`` that splits itself by
+      ``torch.utils.data.get_worker_info()``: it is shown consumer ``c`` of ``C``
+      as worker ``c`` of ``C`` while it starts (see :mod:`nodes.worker_info`), and
+      refused at its first item if it does not read the worker info;
+    * anything else is refused (each consumer would read every item): put a
+      ``shard()`` after it.
+
+    With one consumer (also before a ``shard()``, which splits the stream later)
+    both kinds of dataset see no worker info, so they read all of their data.
     """
 
     kind = "iterable source"
@@ -53,12 +70,15 @@ class IterableNode(Node):
 
     def __init__(self, source: Iterable[Any] | Callable[[], Iterable[Any]], ctx: Context) -> None:
         super().__init__()
-        if ctx.num_consumers > 1:
+        self._splits_itself = is_hf_iterable(source) or isinstance(source, IterableDataset)
+        if ctx.num_consumers > 1 and not self._splits_itself:
             raise ValueError(
                 f"from_iterable(...) cannot split its items across {ctx.num_consumers} "
                 "consumers: every consumer would read every item (the classic IterableDataset "
                 "+ num_workers duplication). Add .shard() after it (each consumer keeps every "
-                "n-th item), or use a source that shards itself (dp.from_sequence, dp.files)."
+                "n-th item), or use a source that shards itself (dp.from_sequence, dp.files, "
+                "a Hugging Face IterableDataset, a torch IterableDataset that splits itself "
+                "by get_worker_info(): pass the dataset object, not a function returning it)."
             )
         self._is_factory = is_factory(source)
         if not self._is_factory:
@@ -73,6 +93,8 @@ class IterableNode(Node):
     def _open(self) -> Any:
         """The object to iterate for this pass: the source, or a new one from its factory."""
         obj = self._source() if self._is_factory else self._source
+        if is_hf_iterable(obj):
+            obj = hf_part(obj, self._ctx)
         if self._obj is None:
             self.stateful = hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
             if self.stateful:
@@ -89,16 +111,34 @@ class IterableNode(Node):
             set_epoch(self._ctx.epoch)
         if self.stateful:
             obj.load_state_dict(self._initial_state if state is None else state["inner"])
-            self._it = iter(obj)
+            self._it = self._iterate(obj)
             return
         self._count = 0 if state is None else int(state["count"])
-        self._it = iter(obj)
+        self._it = self._iterate(obj)
         if self._count:
             wanted, self._count = self._count, sum(1 for _ in islice(self._it, self._count))
             if self._count < wanted:  # a position the source never reached: no silent end
                 raise InvalidStateError(
                     "count", f"at most {self._count} (the items the source has)", wanted
                 )
+
+    def _iterate(self, obj: Any) -> Iterator[Any]:
+        """``iter(obj)``; a dataset starts seeing this consumer's worker info (or none)."""
+        if is_hf_iterable(obj):  # already this consumer's part (hf_part): HF must not split it
+            return started_with(obj, None)
+        if not isinstance(obj, IterableDataset):
+            return iter(obj)
+        if self._ctx.num_consumers == 1:
+            return started_with(obj, None)  # the only reader: all of its data
+        info = consumer_worker_info(self._ctx, obj)
+        refusal = (
+            f"from_iterable({type(obj).__name__}) cannot split its items across "
+            f"{self._ctx.num_consumers} consumers: it did not ask "
+            "torch.utils.data.get_worker_info() when it started, so every consumer would read "
+            "every item. Split it by the worker info in its __iter__, or add .shard() after "
+            "it (each consumer keeps every n-th item)."
+        )
+        return started_with(obj, info, refusal=refusal)
 
     def __next__(self) -> Any:
         item = next(self._it)

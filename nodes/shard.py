@@ -27,6 +27,7 @@ class WholeDataContext(Context):
         self._parent = parent
         self.rank, self.world_size, self.worker_id, self.num_workers = 0, 1, 0, 1
 
+    shard_ctx = property(lambda self: self._parent)
     epoch = property(lambda self: self._parent.epoch)
     seed = property(lambda self: self._parent.seed)
     stats = property(lambda self: self._parent.stats)
