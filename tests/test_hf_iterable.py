@@ -192,13 +192,14 @@ def test_hf_then_shard_in_worker_processes_loses_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_hf_resume_in_worker_processes_is_exact(tmp_path):
+@pytest.mark.parametrize("world_size,num_workers", [(1, 3), (2, 2), (3, 1)])
+def test_hf_resume_in_worker_processes_is_exact(tmp_path, world_size, num_workers):
     files = jsonl_files(tmp_path, 5, 30)
     pipe = dp.from_iterable(streaming(files)).batch(4)
-    rng = random.Random(1)
+    rng = random.Random(world_size)
 
     def run(rank: int, state=None, stop=None):
-        loader = dp.Loader(pipe, rank=rank, world_size=2, num_workers=2)
+        loader = dp.Loader(pipe, rank=rank, world_size=world_size, num_workers=num_workers)
         if state is not None:
             loader.load_state_dict(state)
         got = []
@@ -208,12 +209,15 @@ def test_hf_resume_in_worker_processes_is_exact(tmp_path):
                 return got, loader.state_dict()
         return got, None
 
-    for rank in range(2):
+    everything = []
+    for rank in range(world_size):
         whole, _ = run(rank)
+        everything += whole
         stop = rng.randrange(1, len(whole) - 4)
         before, state = run(rank, stop=stop)
         after, _ = run(rank, state=state)
         assert before + after == whole
+    assert sorted(everything) == every_id(files)
 
 
 # ----- torch IterableDatasets that split themselves by get_worker_info() ------------------
