@@ -460,6 +460,32 @@ assert [w.category for w in said] == [dp.InexactResumeWarning]
 print("wrapping HF's shuffle buffer:", str(said[0].message).split(":")[0])
 
 # %% [markdown]
+# ### Keeping the HF streaming dataset: split by its shards
+#
+# `dp.from_iterable(streaming)` deals an HF `IterableDataset` over every
+# consumer (ranks x DataLoader workers) the way HF's `split_dataset_by_node`
+# does: whole shards when it has at least as many as consumers (shard `i`
+# to consumer `i % C`), else every C-th example. Nothing to call per rank,
+# `set_epoch` reaches it every epoch, and its own `state_dict` resumes each
+# worker exactly (without a shuffle buffer). Here: 2 ranks x 2 workers over
+# its 4 shards, every document once, and a resume mid-epoch.
+
+# %%
+streamed = dp.from_iterable(streaming).map(tokenize)
+per_rank_docs = [
+    list(dp.Loader(streamed, rank=rank, world_size=2, num_workers=2)) for rank in range(2)
+]
+assert sorted(per_rank_docs[0] + per_rank_docs[1]) == sorted(dp_tokens)
+loader = dp.Loader(streamed, rank=1, world_size=2, num_workers=2)
+it = iter(loader)
+first = [next(it) for _ in range(7)]
+state = loader.state_dict()
+resumed = dp.Loader(streamed, rank=1, world_size=2, num_workers=2)
+resumed.load_state_dict(state)
+assert first + list(resumed) == per_rank_docs[1]
+print(f"HF streaming over 2 ranks x 2 workers: {len(dp_tokens)} documents, each once; resumed")
+
+# %% [markdown]
 # ## Migrating from a hand-written `IterableDataset`
 #
 # The usual hand-written dataset deals its files by DataLoader worker itself
@@ -487,6 +513,19 @@ by_hand = list(DataLoader(HandWrittenDocuments(files), batch_size=None, num_work
 recipe = dp.files(DEFAULT_FILES).read_jsonl().map(tokenize)
 assert by_hand == list(dp.Loader(recipe, num_workers=2))
 print("hand-written IterableDataset and the recipe: the same stream under 2 workers")
+
+# %% [markdown]
+# Not ready to rewrite it? `dp.from_iterable(HandWrittenDocuments(files))` runs
+# it as it is: a torch `IterableDataset` that asks `get_worker_info()` is shown
+# the consumer it runs for (worker `c` of `C`, over ranks and workers alike),
+# so it splits itself over 2 ranks x 2 workers without reading a file twice.
+# One that never asks is refused there, naming `.shard()` as the fix.
+
+# %%
+wrapped = dp.from_iterable(HandWrittenDocuments(files))
+ranks = [list(dp.Loader(wrapped, rank=r, world_size=2, num_workers=2)) for r in range(2)]
+assert sorted(ranks[0] + ranks[1]) == sorted(by_hand)
+print("the hand-written dataset, wrapped: split over 2 ranks x 2 workers, each document once")
 
 # %% [markdown]
 # An iterator you cannot rewrite (a client library's generator, a queue)
