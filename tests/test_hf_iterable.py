@@ -302,3 +302,14 @@ def per_rank_items(pipe, world_size: int, num_workers: int) -> list[list[int]]:
         list(dp.Loader(pipe, rank=r, world_size=world_size, num_workers=num_workers))
         for r in range(world_size)
     ]
+
+
+@pytest.mark.slow
+def test_set_epoch_reaches_an_hf_shuffle_in_worker_processes(tmp_path):
+    files = jsonl_files(tmp_path, 4, 10)
+    shuffled = dp.from_iterable(streaming(files).shuffle(seed=3, buffer_size=8))
+    with pytest.warns(dp.InexactResumeWarning):
+        loader = dp.Loader(shuffled, num_workers=2, persistent_workers=True)
+    epochs = [ids_of(loader) for _ in range(3)]
+    assert all(sorted(epoch) == every_id(files) for epoch in epochs)
+    assert len({tuple(epoch) for epoch in epochs}) == 3
