@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 from collections.abc import Callable, Iterator, Mapping
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nodes.audio import AUDIO_EXTENSIONS, decode_audio
 from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.state_checks import at, expect_int, expect_keys
@@ -34,6 +36,11 @@ def decode_int(data: bytes) -> int:
 
 def decode_npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def decode_npz(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return dict(archive)  # read every array now: the archive closes here
 
 
 def decode_torch(data: bytes) -> Any:
@@ -76,13 +83,17 @@ def default_decoders(image: str | None = "chw", image_mode: str | None = "RGB") 
         "jsn": json.loads,
         "txt": decode_text,
         "text": decode_text,
+        "transcript": decode_text,
         "cls": decode_int,
         "cls2": decode_int,
         "index": decode_int,
+        "inx": decode_int,
         "id": decode_int,
         "npy": decode_npy,
+        "npz": decode_npz,
         "pth": decode_torch,
     }
+    decoders.update(dict.fromkeys(AUDIO_EXTENSIONS, decode_audio))  # soundfile on first use
     if image is not None:
         decode_image = _LazyImageDecoder(image, image_mode)
         decoders.update(dict.fromkeys(IMAGE_EXTENSIONS, decode_image))
@@ -108,9 +119,12 @@ class SampleDecoder:
     """Decodes every field of a sample dict whose extension has a decoder.
 
     A field ``"seg.png"`` is looked up as ``"seg.png"`` first, then by its
-    last extension ``"png"``. Fields starting with ``"__"`` (``__key__``,
-    ``__url__``) and fields without a decoder are left as they are; a decoder
-    mapped to ``None`` turns decoding of that extension off.
+    last extension ``"png"``. A field ``"json.gz"`` (or ``"gz"``) with no
+    decoder of its own (nor one for ``"gz"``) is gunzipped and then decoded as
+    ``"json"`` (left as bytes without one), as webdataset does. Fields
+    starting with ``"__"`` (``__key__``, ``__url__``) and fields without a
+    decoder are left as they are; a decoder mapped to ``None`` turns decoding
+    of that extension off.
     """
 
     def __init__(self, decoders: Mapping[str, Decoder | None], errors: ErrorPolicy) -> None:
@@ -122,6 +136,9 @@ class SampleDecoder:
         found = self._lookup.get(field, _SKIP)
         if found is _SKIP:
             found = self.decoders.get(field, self.decoders.get(field.rsplit(".", 1)[-1]))
+            gzipped = field == "gz" or field.endswith(".gz")
+            if gzipped and field not in self.decoders and "gz" not in self.decoders:
+                found = _Gunzipped(self._decoder_for(field[:-3]) if field != "gz" else None)
             if field.startswith("__"):
                 found = None
             self._lookup[field] = found
@@ -140,6 +157,8 @@ class SampleDecoder:
                 continue
             try:
                 out[field] = decode(value)
+            except ImportError:
+                raise  # a missing library is a setup error, not a bad record to skip
             except Exception as cause:  # noqa: BLE001 - any decoder failure is a bad record
                 error = BadRecordError(
                     str(sample.get("__url__", "<no __url__>")),
@@ -151,6 +170,17 @@ class SampleDecoder:
                 self.errors.handle(error)
                 return _SKIP
         return out
+
+
+class _Gunzipped:
+    """Decodes a gzip-compressed field with the decoder of the field it compresses."""
+
+    def __init__(self, inner: Decoder | None) -> None:
+        self.inner = inner
+
+    def __call__(self, data: bytes) -> Any:
+        data = gzip.decompress(data)
+        return data if self.inner is None else self.inner(data)
 
 
 class DecodeNode(Node):
