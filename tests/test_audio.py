@@ -194,6 +194,43 @@ def test_corrupt_audio_is_a_bad_record_naming_url_key_and_field(case):
     assert list(loader.skipped().values()) == [1]
 
 
+@pytest.mark.parametrize(("ext", "fmt", "subtype", "lossless"), FORMATS)
+@pytest.mark.parametrize("kept", [0.5, 0.99])
+def test_a_cut_file_is_an_error_not_a_shorter_clip(ext, fmt, subtype, lossless, kept):
+    """libsndfile alone reads a cut WAV/AIFF/AU/CAF/W64/RF64/MP3 as a shorter clip and a cut
+    Ogg stream as no frames at all; the decoder refuses them."""
+    rate = 48_000 if subtype == "OPUS" else RATE
+    written = sine(2, frames=rate // 2, rate=rate)
+    data = encode(pcm16(written) if lossless else written, fmt, subtype, rate)
+    with pytest.raises(BadRecordError, match="cannot decode"):
+        decode_one(ext, data[: int(len(data) * kept)])
+
+
+def test_an_ogg_stream_cut_between_pages_is_refused():
+    data = encode(sine(1, frames=RATE * 2), "OGG", "VORBIS")
+    last_page = data.rfind(b"OggS")
+    assert last_page > 0 and data[last_page + 5] & 0x04  # the end-of-stream page
+    with pytest.raises(ValueError, match="not marked end-of-stream"):
+        decode_audio(data[:last_page])
+
+
+def test_complete_files_with_unusual_headers_still_decode():
+    """A WAV streamed through a pipe (sizes left 0xFFFFFFFF: unknown), one with a chunk after
+    its data, and empty files are whole files, not truncated ones."""
+    quantized = pcm16(sine(1))
+    wav = encode(quantized, "WAV", "PCM_16")
+    assert wav[36:40] == b"data"
+    unknown = 0xFFFFFFFF.to_bytes(4, "little")
+    streamed = wav[:4] + unknown + wav[8:40] + unknown + wav[44:]
+    trailing = wav + b"LIST" + (4).to_bytes(4, "little") + b"abcd"
+    for data in (streamed, trailing):
+        waveform, rate = decode_audio(data)
+        assert rate == RATE and torch.equal(waveform, as_read(quantized))
+    for fmt, subtype in (("WAV", "PCM_16"), ("OGG", "VORBIS")):  # (libsndfile: 0-byte FLAC)
+        waveform, rate = decode_audio(encode(np.zeros((0, 2), np.int16), fmt, subtype))
+        assert waveform.shape == (2, 0) and rate == RATE
+
+
 def test_missing_soundfile_names_the_extra_and_is_not_skipped(monkeypatch):
     """A None in sys.modules makes ``import soundfile`` fail for real, as when it is absent."""
     monkeypatch.setitem(sys.modules, "soundfile", None)
