@@ -235,6 +235,32 @@ class DataPipe(Generic[T]):
         """
         return _steps().Map(self, fn, num_workers, method=method, ordered=ordered)
 
+    def random_map(
+        self, fn: Callable[..., Any], *, global_rng: bool = False, seed: int | None = None
+    ) -> DataPipe[Any]:
+        """Random transforms that resume exactly: ``fn(item, rng)`` for every item.
+
+        ``rng`` is a fresh ``numpy.random.Generator`` whose stream is a pure
+        function of (seed, epoch, this step's place in the recipe, the item's
+        place in the epoch's data): the same item gets the same draws at any
+        ``num_workers`` and world size, after a resume and in a new process,
+        and new draws every epoch. ``global_rng=True`` calls ``fn(item)`` with
+        torch's CPU RNG, ``random`` and ``np.random`` seeded that way per item and
+        restored after it, so unmodified torchvision-style transforms become
+        reproducible. ``seed`` overrides the Loader's seed for this step.
+        Put it before ``prefetch()`` and ``map(..., num_workers=...)``, which
+        read ahead (the Loader refuses it after them, saying so). See
+        :class:`nodes.random_map.RandomMapNode`.
+
+        >>> import datapipes as dp
+        >>> pipe = dp.range(3).random_map(lambda x, rng: x + rng.random())
+        >>> [int(x) for x in dp.Loader(pipe)], list(dp.Loader(pipe)) == list(dp.Loader(pipe))
+        ([0, 1, 2], True)
+        """
+        from datapipes.random_steps import RandomMap  # it imports this module
+
+        return RandomMap(self, fn, global_rng=global_rng, seed=seed)
+
     def filter(self, predicate: Callable[[T], bool]) -> DataPipe[T]:
         """Keep the items for which ``predicate(item)`` is true."""
         return _steps().Filter(self, predicate)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import count
 from typing import Any
 
@@ -57,6 +57,7 @@ class BufferShuffleNode(Node):
         self._anchor_every = max(buffer_size, 64)
         self._src: Iterator[Any] = NotReset(self)
         self._noting = False  # converting for another topology: items travel with origins
+        self._origin_of: Callable[[], Any] = upstream.last_origin  # what is noted per item
         self._last: Any = None
         self._buffer: list[Any] = []
 
@@ -84,8 +85,9 @@ class BufferShuffleNode(Node):
         return self._with_origins(items) if self._noting else items
 
     def _with_origins(self, items: Iterator[Any]) -> Iterator[Any]:
+        origin = self._origin_of
         for item in items:
-            yield item, self._up.last_origin()
+            yield item, origin()
 
     def _origin_off(self, pair: tuple[Any, Any]) -> Any:
         self._last = pair[1]
@@ -106,7 +108,7 @@ class BufferShuffleNode(Node):
                 raise InvalidStateError("seq", f"at most {position} (the items its input has)", seq)
             slot = slot_of.get(position)
             if slot is not None:
-                self._buffer[slot] = (item, self._up.last_origin()) if noting else item
+                self._buffer[slot] = (item, self._origin_of()) if noting else item
         self._anchors = deque([(anchor_seq, anchor_state)])
         self._draws.seek(int(state["draws"]))
         self._exhausted = bool(state["exhausted"])
@@ -165,6 +167,14 @@ class BufferShuffleNode(Node):
 
     def begin_conversion(self) -> None:
         self._noting = True
+        self._origin_of = self._up.last_origin  # pieces of work, whatever track_origins set
+
+    def track_origins(self, origin: Callable[[], Any]) -> None:
+        """Note ``origin()`` beside every item read, before ``reset``, so that
+        :meth:`last_origin` answers it while the data is read (``random_map`` above asks
+        per item). The order and the states stay the same; it costs a call per item."""
+        self._noting = True
+        self._origin_of = origin
 
     def in_flight(self) -> list[Any]:
         """Where the buffered items came from (they travel with their origins then)."""

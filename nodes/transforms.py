@@ -94,6 +94,7 @@ class FlatMapNode(Node):
         self._fn = fn
         self._it: Iterator[Any] = NotReset(self)
         self._noting = False  # converting for another topology: note where parents came from
+        self._origin_of: Callable[[], Any] = upstream.last_origin  # what is noted per parent
         self._current: Iterator[Any] | None = None
         self._pending = 0
         self._selections: list[el.Piece] = []
@@ -130,7 +131,7 @@ class FlatMapNode(Node):
                 return
             outputs = list(fn(parent))
             if noting:
-                self._origin = up.last_origin()
+                self._origin = self._origin_of()
             if selections:  # after a topology change: the first parents may be partly done
                 self._parents_before, self._parents = self._parents, self._parents + 1
                 self._indices = None
@@ -178,6 +179,20 @@ class FlatMapNode(Node):
     # ----- elastic resume (nodes.elastic) ---------------------------------------------------
     def begin_conversion(self) -> None:
         self._noting = True
+        self._origin_of = self._up.last_origin  # pieces of work, whatever track_origins set
+
+    def track_origins(self, origin: Callable[[], Any]) -> None:
+        """Note ``origin()`` for every parent, before ``reset``, so that
+        :meth:`last_output` answers while the data is read (``random_map`` above asks per
+        item). The outputs and the states stay the same; it costs a call per parent."""
+        self._noting = True
+        self._origin_of = origin
+
+    def last_output(self) -> tuple[Any, int]:
+        """(what ``track_origins`` noted for the last output's parent, the output's index
+        among the parent's outputs)."""
+        done = list_iterator_position(self._current, self._current_len)
+        return self._origin, self._original(done - 1)
 
     def _original(self, index: int) -> int:
         return index if self._indices is None else self._indices[index]

@@ -1,0 +1,306 @@
+"""Random transforms that resume exactly: ``fn(item, rng)`` with a per-item seeded RNG.
+
+Each item's randomness is a pure function of (seed, epoch, the step's place in
+the recipe, the item's *origin*: where in the epoch's data it came from, the
+same on every topology). So an item gets the same draws at any number of
+DataLoader workers and ranks, after a resume and in a new process, and new
+ones in a new epoch. Nothing is kept between items, so the node is
+transparent: its state is its input's.
+
+The origin is asked of the input after each item (:func:`origin_reader`):
+sources know it (:meth:`nodes.Node.last_origin`), steps that hand items on one
+for one pass it through, a buffer shuffle and a ``flat_map`` note it beside
+the items they hold (``track_origins``), a batch has its last item's. Steps
+that read ahead on a thread or in processes (``prefetch``, a parallel map,
+DataLoader workers) cannot say which item they returned: a ``random_map``
+above them is refused when the graph is built, saying where to put it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from nodes.base import Context, Node, NotReset, State
+from nodes.rng import stable_hash
+
+Origin = tuple[Any, ...]  # (source place, canonical ints or strings...)
+OriginReader = Callable[[], Origin]
+
+_MASK64 = (1 << 64) - 1
+_TOP_BIT = 1 << 63
+#: Keys of a piece that say which outputs of a flat_map remain, not which item it is.
+_SELECTION = ("outputs", "from", "upto")
+
+
+class RandomMapError(ValueError):
+    """A ``random_map`` sits where it cannot know which item it is given."""
+
+
+class RandomMapNode(Node):
+    """``fn(item, rng)`` (or ``fn(item)`` under seeded global RNGs) for every item.
+
+    ``rng`` is a ``numpy.random.Generator`` over a Philox counter-based bit
+    generator: the key comes from (seed, epoch, ``key``: the step's place),
+    the counter's upper 128 bits from the item's origin, so every item has its
+    own stream (2**128 draws before it could meet another's). One bit
+    generator is re-keyed per item (about 3 us, against 10-20 us to make a new
+    one); an ``fn`` that keeps ``rng`` (or its bit generator) after returning
+    keeps that stream to itself: the node then makes a new bit generator.
+
+    With ``global_rng=True``, ``fn(item)`` runs with torch's CPU RNG, Python's
+    ``random`` and numpy's legacy global RNG seeded from the item's stream, and
+    all three are restored afterwards: unmodified transforms that draw from
+    ``torch.rand``, ``random.random`` or ``np.random.rand`` become reproducible,
+    and the caller's global RNG states are as they were (CUDA's RNG is not
+    touched: draw on the CPU). The swap is process-wide, so run the step in
+    the thread that owns the RNGs (a warning says when it runs on another).
+
+    State: its input's (it holds nothing between items).
+    """
+
+    kind = "random_map"
+    elastic = "transparent"
+
+    def __init__(
+        self,
+        upstream: Node,
+        fn: Callable[..., Any],
+        ctx: Context,
+        key: int,
+        *,
+        seed: int | None = None,
+        global_rng: bool = False,
+    ) -> None:
+        super().__init__(upstream)
+        self._up = upstream
+        self._fn = fn
+        self._ctx = ctx
+        self._key = key
+        self._seed = seed
+        self._global = global_rng
+        # Refused here, when the graph is built, rather than at the first item.
+        self._origin = origin_reader(upstream)
+        self._places: dict[Any, int] = {}
+        self._bg = np.random.Philox(key=[0, 0])
+        self._counter = np.zeros(4, dtype=np.uint64)
+        self._warned_thread = False
+        self._it: Any = NotReset(self)
+
+    def reset(self, state: State | None = None) -> None:
+        self._up.reset(state)
+        # The epoch (and a repeat round's scope) is read here: every epoch draws anew.
+        entropy = self._ctx.random_key(self._key, seed=self._seed)
+        words = np.random.SeedSequence([int(k) & _MASK64 for k in entropy]).generate_state(
+            2, np.uint64
+        )
+        self._philox_key = words
+        call = self._call_global if self._global else self._call
+        self._it = map(call, iter(self._up))
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __iter__(self) -> Any:
+        return self._it
+
+    def state_dict(self) -> State:
+        return self._up.state_dict()
+
+    @classmethod
+    def upstream_states(cls, state: State) -> list[tuple[int, State]]:
+        return [(0, state)]  # its state is its input's
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        self._up.validate_state(state, path)
+
+    # ----- the per-item RNG -----------------------------------------------------------------
+    def _seeded(self) -> np.random.BitGenerator:
+        """The bit generator, keyed for the item just read from the input."""
+        origin = self._origin()
+        counter = self._counter
+        if len(origin) == 2 and type(origin[1]) is int and 0 <= origin[1] <= _MASK64:
+            place = self._places.get(origin[0])
+            if place is None:
+                place = self._places[origin[0]] = stable_hash(repr(origin[0]))
+            counter[2], counter[3] = origin[1], place  # a position: no hash, no collision
+        else:
+            digest = hashlib.blake2b(repr(origin).encode(), digest_size=16).digest()
+            counter[2] = int.from_bytes(digest[:8], "little")
+            counter[3] = int.from_bytes(digest[8:], "little") | _TOP_BIT  # never a position's
+        bg = self._bg
+        bg.state = {
+            "bit_generator": "Philox",
+            "state": {"counter": counter, "key": self._philox_key},
+            "buffer": counter,  # ignored: buffer_pos 4 says the buffer is empty
+            "buffer_pos": 4,
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        return bg
+
+    def _call(self, item: Any) -> Any:
+        bg = self._seeded()
+        rng = np.random.Generator(bg)
+        out = self._fn(item, rng)
+        # References: rng (local, getrefcount's argument); bg (self, local, rng, argument).
+        if sys.getrefcount(rng) > 2 or sys.getrefcount(bg) > 4:
+            self._bg = np.random.Philox(key=[0, 0])  # fn kept it: leave that stream alone
+        return out
+
+    def _call_global(self, item: Any) -> Any:
+        import torch  # only this mode needs it
+
+        if threading.current_thread() is not threading.main_thread():
+            self._warn_thread()
+        seeds = self._seeded().random_raw(3)
+        torch_state = torch.get_rng_state()
+        python_state = random.getstate()
+        numpy_state = np.random.get_state(legacy=False)
+        try:
+            torch.default_generator.manual_seed(int(seeds[0]))  # the CPU generator only
+            random.seed(int(seeds[1]))
+            np.random.seed(seeds[2:3].view(np.uint32))
+            return self._fn(item)
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+    def _warn_thread(self) -> None:
+        if self._warned_thread:
+            return
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is None:  # a DataLoader worker's threads draw nothing else
+            self._warned_thread = True
+            warnings.warn(
+                "random_map(global_rng=True) runs on a background thread (a .prefetch() or "
+                "a thread pool after it?) of a process whose other threads may draw from the "
+                "same global RNGs (dropout in the training loop): their draws can then "
+                "interleave with the item's. Use fn(item, rng) (global_rng=False), "
+                "num_workers >= 1, or no background thread after the step.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+# ----- where the last item came from ----------------------------------------------------------
+
+
+def source_origin(place: Any, piece: dict[str, Any]) -> Origin:
+    """An item's origin from its source's piece: canonical plain values, no selection.
+
+    Positions (sequences, ``shard`` streams) are the position in the epoch.
+    Records of files are (file, block cursor, index in the block), plus the
+    file's part when the file is split among consumers (fewer files than
+    consumers): block boundaries then depend on the parts.
+    """
+    bounds = piece.get("range")
+    if bounds is not None:
+        return place, bounds[0]
+    if "file" in piece:
+        part, parts = piece["part"]
+        cursor = repr(piece["cursor"])
+        if parts == 1:
+            return place, piece["file"], cursor, piece["index"]
+        return place, piece["file"], part, parts, cursor, piece["index"]
+    rest = sorted((k, repr(v)) for k, v in piece.items() if k not in _SELECTION)
+    return place, repr(rest)
+
+
+def origin_reader(node: Node) -> OriginReader:
+    """A call that says where the last item ``node`` returned came from.
+
+    Turns on origin notes in the buffers below (``track_origins``), so call it
+    before the graph is reset. Raises :class:`RandomMapError` naming the step
+    that cannot say, and where to put the ``random_map`` instead.
+    """
+    from nodes.combine import ConcatNode, MixNode
+    from nodes.shuffle import BufferShuffleNode
+    from nodes.transforms import FlatMapNode, TakeNode
+
+    if isinstance(node, RandomMapNode):
+        return node._origin
+    if node.elastic == "source":
+        last = node.last_origin
+        return lambda: source_origin(*last())
+    if isinstance(node, BufferShuffleNode):
+        node.track_origins(origin_reader(node.inputs[0]))
+        return node.last_origin
+    if isinstance(node, FlatMapNode):
+        node.track_origins(origin_reader(node.inputs[0]))
+
+        def flat_map_origin() -> Origin:
+            parent, output = node.last_output()
+            return (*parent, output)
+
+        return flat_map_origin
+    if isinstance(node, ConcatNode | MixNode):
+        for branch in node.inputs:
+            if not _plain_chain(branch):
+                raise _refusal(
+                    node,
+                    "has an input with a step that holds items (a buffer shuffle, flat_map, "
+                    "batch), whose origins it does not pass on",
+                    f"on each input of the {node.kind} (after its buffers)",
+                )
+        last = node.last_origin
+        return lambda: source_origin(*last())
+    if _reads_ahead(node):
+        raise _refusal(
+            node,
+            "reads ahead in the background (a thread, a pool, DataLoader workers), so the "
+            "item it returns is not the one its input read last",
+            f"before the {node.kind}",
+        )
+    if (node.elastic == "transparent" or isinstance(node, TakeNode)) and len(node.inputs) == 1:
+        return origin_reader(node.inputs[0])  # one item out per item in, nothing held: batch too
+    if node.kind == "iterable source":
+        raise _refusal(
+            node,
+            "(from_iterable) has no positions in the epoch",
+            "after a .shard() (which numbers the stream's items), or use dp.from_sequence / "
+            "dp.files",
+        )
+    raise _refusal(
+        node, "cannot say which item of the epoch it returned", f"before the {node.kind}"
+    )
+
+
+def _reads_ahead(node: Node) -> bool:
+    from nodes.parallel_map import ParallelMapNode
+    from nodes.prefetch import PrefetchNode
+    from nodes.workers import WorkerStreamNode
+
+    return isinstance(node, PrefetchNode | ParallelMapNode | WorkerStreamNode)
+
+
+def _plain_chain(node: Node) -> bool:
+    """Whether ``node.last_origin()`` answers without notes: one-for-one steps to sources."""
+    from nodes.combine import ConcatNode, MixNode
+
+    while node.elastic != "source":
+        if isinstance(node, ConcatNode | MixNode):
+            return all(_plain_chain(branch) for branch in node.inputs)
+        if node.elastic != "transparent" or len(node.inputs) != 1 or _reads_ahead(node):
+            return False
+        if node.kind == "batch":  # its own last_origin needs notes
+            return False
+        node = node.inputs[0]
+    return True
+
+
+def _refusal(node: Node, why: str, where: str) -> RandomMapError:
+    return RandomMapError(
+        f"random_map seeds each item from where the item sits in the epoch, and the step "
+        f"'{node.kind}' below it {why}. Put .random_map(...) {where}; its draws stay the "
+        "same there, item by item."
+    )
