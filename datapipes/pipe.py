@@ -316,14 +316,23 @@ class DataPipe(Generic[T]):
     ) -> DataPipe[Any]:
         """Decode the bytes fields of dict samples by extension (``read_tar``, ``read_bytes``).
 
-        Built in: ``json``, ``txt``/``text``, ``cls``/``index``/``id`` (int),
-        ``npy``, ``pth`` (``weights_only``), and images (``jpg``, ``png``,
+        Built in: ``json``, ``txt``/``text``/``transcript``,
+        ``cls``/``index``/``inx``/``id`` (int), ``npy``, ``npz`` (a dict of
+        arrays), ``pth`` (``weights_only``), images (``jpg``, ``png``,
         ``webp``, ... through Pillow) as uint8 tensors laid out ``"chw"``
-        (default) or ``"hwc"``, or ``"pil"`` images; ``image=None`` leaves
-        images as bytes. ``decoders`` adds or overrides decoders by extension
-        or full field name (``{"seg.png": my_fn, "txt": None}``). A field that
-        fails to decode raises an error naming the URL, key and field, or
-        with ``on_error="skip"`` drops the sample and counts it.
+        (default) or ``"hwc"``, or ``"pil"`` images (``image=None`` leaves
+        images as bytes), and audio (``wav``, ``flac``, ``ogg``/``oga``,
+        ``opus``, ``mp3``, ``aiff``/``aif``, ``au``, ``caf``, ``w64``,
+        ``rf64`` through soundfile, ``pip install 'datapipes-torch[audio]'``)
+        as a tuple ``(waveform, sample_rate)``: a float32 tensor shaped
+        ``(channels, frames)`` and an int, as ``torchaudio.load`` returns.
+        A field ``"json.gz"`` is gunzipped, then decoded as ``"json"``.
+        ``decoders`` adds or overrides decoders by extension or full field
+        name (``{"seg.png": my_fn, "txt": None}``; ``{"wav": None}`` leaves
+        wav fields as bytes). A field that fails to decode raises an error
+        naming the URL, key and field, or with ``on_error="skip"`` drops the
+        sample and counts it; a missing library (Pillow, soundfile) raises
+        ``ImportError`` naming it, also under ``"skip"``.
 
         >>> import datapipes as dp
         >>> sample = {"__key__": "a", "cls": b"3", "json": b'{"x": 1}'}
