@@ -236,7 +236,11 @@ class DataPipe(Generic[T]):
         return _steps().Map(self, fn, num_workers, method=method, ordered=ordered)
 
     def random_map(
-        self, fn: Callable[..., Any], *, global_rng: bool = False, seed: int | None = None
+        self,
+        fn: Callable[..., Any],
+        *,
+        global_rng: bool | str | Sequence[str] = False,
+        seed: int | None = None,
     ) -> DataPipe[Any]:
         """Random transforms that resume exactly: ``fn(item, rng)`` for every item.
 
@@ -247,9 +251,11 @@ class DataPipe(Generic[T]):
         and new draws every epoch. ``global_rng=True`` calls ``fn(item)`` with
         torch's CPU RNG, ``random`` and ``np.random`` seeded that way per item and
         restored after it, so unmodified torchvision-style transforms become
-        reproducible. ``seed`` overrides the Loader's seed for this step.
-        Put it before ``prefetch()`` and ``map(..., num_workers=...)``, which
-        read ahead (the Loader refuses it after them, saying so). See
+        reproducible (``global_rng="torch"``, or some of ``"torch,random,numpy"``:
+        only those; numpy's costs the most). ``seed`` overrides the Loader's
+        seed for this step. Put it before ``prefetch()`` and
+        ``map(..., num_workers=...)``, which read ahead (the Loader refuses it
+        after them, saying so). See
         :class:`nodes.random_map.RandomMapNode`.
 
         >>> import datapipes as dp

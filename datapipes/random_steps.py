@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from datapipes.pipe import DataPipe
 from nodes import Context, Node
-from nodes.random_map import RandomMapNode
+from nodes.random_map import GLOBAL_RNGS, RandomMapNode, global_rngs
 
 
 class RandomMap(DataPipe[Any]):
@@ -24,18 +24,17 @@ class RandomMap(DataPipe[Any]):
         upstream: DataPipe[Any],
         fn: Callable[..., Any],
         *,
-        global_rng: bool = False,
+        global_rng: bool | str | Sequence[str] = False,
         seed: int | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"random_map() takes a function, got {type(fn).__name__}")
-        if not isinstance(global_rng, bool):
-            raise TypeError(f"random_map global_rng must be True or False, got {global_rng!r}")
+        names = global_rngs(global_rng)
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise TypeError(f"random_map seed must be an int, got {seed!r}")
         kwargs: dict[str, Any] = {}
-        if global_rng:
-            kwargs["global_rng"] = True
+        if names:  # True when it is all of them; else the names, as "torch,numpy"
+            kwargs["global_rng"] = True if names == GLOBAL_RNGS else ",".join(names)
         if seed is not None:
             kwargs["seed"] = seed
         super().__init__(upstream, args=(fn,), **kwargs)

@@ -268,6 +268,26 @@ def test_global_rng_leaves_the_callers_rngs_as_they_were():
     assert len({draw for _, draw, _, _ in out}) == 10
 
 
+def test_global_rng_can_name_the_rngs_it_manages():
+    only_torch = dp.range(6).random_map(global_draws, global_rng="torch")
+    random.seed(1)
+    np.random.seed(2)
+    out = list(dp.Loader(only_torch))
+    # torch draws are per item; random and np.random are the caller's, moved on by fn
+    assert [t for _, t, _, _ in out] == [t for _, t, _, _ in dp.Loader(only_torch)]
+    random.seed(1)
+    np.random.seed(2)
+    assert [r for _, _, r, _ in out] == [random.random() for _ in range(6)]
+    assert [n for _, _, _, n in out] == [float(np.random.rand()) for _ in range(6)]
+    every = dp.range(3).random_map(global_draws, global_rng=["numpy", "random", "torch"])
+    assert (
+        every.fingerprint() == dp.range(3).random_map(global_draws, global_rng=True).fingerprint()
+    )
+    assert repr(dp.range(3).random_map(global_draws, global_rng=["numpy", "torch"])).endswith(
+        "global_rng='torch,numpy')"
+    )
+
+
 def test_global_rng_draws_do_not_depend_on_the_callers_rngs():
     pipe = dp.range(12).shuffle().random_map(global_draws, global_rng=True)
     torch.manual_seed(5)
@@ -330,8 +350,9 @@ def test_fn_raising_gives_its_own_error():
 def test_bad_arguments_are_refused_early():
     with pytest.raises(TypeError, match="takes a function"):
         dp.range(3).random_map("not a function")
-    with pytest.raises(TypeError, match="global_rng"):
-        dp.range(3).random_map(jitter, global_rng="yes")
+    for bad in ("yes", [], ["torch", "cuda"], 1, "torch,"):
+        with pytest.raises(ValueError, match="global_rng"):
+            dp.range(3).random_map(jitter, global_rng=bad)
     with pytest.raises(TypeError, match="seed"):
         dp.range(3).random_map(jitter, seed=1.5)
 
