@@ -16,6 +16,7 @@ from nodes.files import FileListNode, FileSet
 from nodes.iterable import IterableNode
 from nodes.parallel_map import ParallelMapNode
 from nodes.prefetch import PrefetchNode
+from nodes.random_map import RandomMapError, RandomMapNode
 from nodes.readers import FileReaderNode, RecordFormat
 from nodes.rng import IndexPermutation, UniformStream, stable_hash
 from nodes.shard import ShardNode, WholeDataContext
@@ -47,6 +48,8 @@ __all__ = [
     "ParallelMapNode",
     "PinMemoryNode",
     "PrefetchNode",
+    "RandomMapError",
+    "RandomMapNode",
     "RecordFormat",
     "RepeatNode",
     "SampleDecoder",
