@@ -24,6 +24,7 @@ from nodes import (
     default_collate,
     unbatch_items,
 )
+from nodes.batched_fetch import FetchBatchNode, fetching_source
 from nodes.decode import DecodeNode, SampleDecoder, default_decoders
 from nodes.device import PinMemoryNode, ToDeviceNode
 from nodes.errors import ErrorPolicy, check_on_error
@@ -211,12 +212,16 @@ class Batch(DataPipe[Any]):
         return n // size if self.kwargs.get("drop_last") else -(-n // size)
 
     def _build(self, ctx: Context) -> Node[Any]:
-        return BatchNode(
-            self.inputs[0].build(ctx),
-            self.args[0],
-            drop_last=self.kwargs.get("drop_last", False),
-            collate_fn=self.kwargs.get("collate_fn", default_collate),
-        )
+        upstream = self.inputs[0].build(ctx)
+        size, drop_last = self.args[0], self.kwargs.get("drop_last", False)
+        collate_fn = self.kwargs.get("collate_fn", default_collate)
+        source = fetching_source(upstream)
+        if source is None:
+            return BatchNode(upstream, size, drop_last=drop_last, collate_fn=collate_fn)
+        source.fetch_size = size  # one __getitems__ call per batch
+        if source is not upstream:  # maps in between: they still see the items one by one
+            return BatchNode(upstream, size, drop_last=drop_last, collate_fn=collate_fn)
+        return FetchBatchNode(source, size, drop_last=drop_last, collate_fn=collate_fn)
 
 
 class Take(DataPipe[Any]):

@@ -139,3 +139,30 @@ def test_elastic_resume_benchmark_reports_its_four_rows(tmp_path: Path) -> None:
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert RATIO.match(cells[4]), row  # elastic / same topology
+
+
+def test_hf_batched_fetch_benchmark_reports_every_dataset_worker_and_batch(tmp_path: Path) -> None:
+    # benchmarks/hf_batched_fetch.py --quick: a ratio for each (dataset, workers, batch size)
+    out = tmp_path / "fetch.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "hf_batched_fetch.py"), "--quick"]
+        + ["--rows", "2000", "--markdown", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [
+        line for line in out.read_text().splitlines() if line.startswith("| ") and " s |" in line
+    ]
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert [(c[0].split()[0], c[1], c[2]) for c in cells] == [
+        (name, workers, size)
+        for name in ("HF", "torch")
+        for workers in ("0", "2")
+        for size in ("64", "256")
+    ], out.read_text()
+    for c in cells:
+        assert RATIO.match(c[5]), c  # datapipes / DataLoader

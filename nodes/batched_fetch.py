@@ -1,0 +1,150 @@
+"""Fetching many items of a random-access source in one call (``__getitems__``).
+
+A torch map-style ``Dataset`` may define ``__getitems__(indices)`` returning the list of
+samples at ``indices`` (``torch.utils.data.DataLoader`` calls it for a whole batch), and a
+Hugging Face ``datasets.Dataset`` has one that reads all the rows in one Arrow gather.
+:class:`nodes.sources.SequenceNode` uses it to fetch its items in chunks, and
+:class:`FetchBatchNode` fetches a batch of such a source in a single call.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nodes.base import Node, State
+from nodes.batch import BatchNode
+from nodes.collate import _collate, default_collate
+
+if TYPE_CHECKING:
+    from nodes.sources import SequenceNode
+
+#: Items a source fetches per ``__getitems__`` call when no batch sets the size.
+#: Measured on an HF Dataset (benchmarks/hf_batched_fetch.py): per item, 64 costs
+#: about 10% more than 256, 16 about 60% more; 64 bounds the memory a chunk holds
+#: (and what a resume may fetch again) to what a common batch holds.
+FETCH_CHUNK = 64
+
+Getter = Callable[[list[int]], Any]
+
+
+def batched_getter(seq: Any) -> Getter | None:
+    """``seq.__getitems__`` if ``seq`` has a callable one (the check DataLoader makes)."""
+    getitems = getattr(seq, "__getitems__", None)
+    return getitems if callable(getitems) else None
+
+
+def fetch_items(getitems: Getter, keys: list[int], seq: Any) -> list[Any]:
+    """``getitems(keys)``, checked: one item per index, as a list."""
+    items = getitems(keys)
+    if not isinstance(items, list | tuple):
+        raise TypeError(
+            f"{type(seq).__name__}.__getitems__ returned a {type(items).__name__}, but it must "
+            f"return a list with the sample at each index (torch's Dataset.__getitems__ "
+            "contract). Return a list, or remove __getitems__ to fetch items one by one."
+        )
+    if len(items) != len(keys):
+        raise ValueError(
+            f"{type(seq).__name__}.__getitems__ returned {len(items)} items for {len(keys)} "
+            f"indices (the first: {keys[:5]}); it must return exactly one sample per index, "
+            "in order. Fix __getitems__, or remove it to fetch items one by one."
+        )
+    return items if isinstance(items, list) else list(items)
+
+
+def column_getter(seq: Any) -> Getter | None:
+    """``seq.__getitem__`` for a Hugging Face ``datasets.Dataset`` (not a subclass that
+    changes how items are read): given a list of indices it returns the batch as columns,
+    which is what its own ``__getitems__`` reads before splitting it into rows."""
+    datasets = sys.modules.get("datasets")  # loaded if seq is one of its datasets
+    hf_dataset = getattr(datasets, "Dataset", None)
+    if hf_dataset is None or not isinstance(seq, hf_dataset):
+        return None
+    kind = type(seq)
+    if kind.__getitem__ is not hf_dataset.__getitem__:
+        return None
+    if kind.__getitems__ is not hf_dataset.__getitems__:
+        return None
+    return seq.__getitem__
+
+
+def collate_columns(columns: Any, count: int) -> Any:
+    """``default_collate`` of the rows of ``columns`` (a dict of columns of ``count`` rows),
+    computed from the columns; ``None`` when they are not such a dict.
+
+    The rows would be ``{name: column[i]}``; collating them stacks each column back, so a
+    tensor column is already its own collated form. Other columns go through the same
+    collation as rows would (lists of numbers become tensors, strings stay lists, ...).
+    """
+    if not isinstance(columns, Mapping) or not columns:
+        return None
+    if any(len(column) != count for column in columns.values()):
+        return None
+    batch = {}
+    for name, column in columns.items():
+        if isinstance(column, torch.Tensor) and column.dim() > 0:
+            batch[name] = column.contiguous()  # torch.stack of its rows, without the split
+        else:
+            rows = column if isinstance(column, list) else list(column)
+            batch[name] = _collate(rows, f"[{name!r}]")
+    return batch
+
+
+def fetching_source(node: Node) -> SequenceNode | None:
+    """The source below ``node`` and the plain maps (or statistics) between them, if it is a
+    sequence that fetches with ``__getitems__``: a batch there can set its chunk size."""
+    from nodes.sources import SequenceNode
+    from nodes.stats import StatsNode
+    from nodes.transforms import MapNode
+
+    while type(node) in (MapNode, StatsNode):
+        node = node.inputs[0]
+    if isinstance(node, SequenceNode) and node.fetches_in_chunks:
+        return node
+    return None
+
+
+class FetchBatchNode(BatchNode):
+    """A ``batch`` right after a source that fetches with ``__getitems__``: each batch is
+    one ``__getitems__`` call (or, for a Hugging Face ``Dataset`` batched with the default
+    collate, one read of its columns, collated without splitting them into rows).
+
+    It yields what :class:`BatchNode` would, and its state is the source's, as there.
+    Converting for another topology (elastic resume) goes item by item, as there.
+    """
+
+    kind = "batch"
+
+    def __init__(
+        self,
+        source: SequenceNode,
+        size: int,
+        *,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = default_collate,
+    ) -> None:
+        super().__init__(source, size, drop_last=drop_last, collate_fn=collate_fn)
+        self._source = source
+        self._columns = collate_fn is default_collate
+        self._direct = False
+
+    def reset(self, state: State | None = None) -> None:
+        super().reset(state)
+        self._direct = not self._noting
+
+    def __next__(self) -> Any:
+        if not self._direct:
+            return super().__next__()
+        keys = self._source.take_keys(self._size)
+        if not keys or (self._drop_last and len(keys) < self._size):
+            self.dropped += len(keys)  # a dropped batch is not even fetched
+            raise StopIteration
+        if self._columns:
+            batch = self._source.fetch_columns(keys)
+            if batch is not None:
+                return batch
+        items = self._source.fetch(keys)
+        return items if self._collate is None else self._collate(items)
