@@ -368,11 +368,27 @@ def test_recipe_identity_and_repr():
 
 
 @pytest.mark.slow
-def test_same_draws_at_0_1_and_3_workers():
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        shuffled,
+        lambda: dp.range(60).shuffle(buffer_size=8).random_map(jitter),
+        lambda: (
+            dp.range(20).flat_map(explode).random_map(jitter).batch(5, collate_fn=list).unbatch()
+        ),
+    ],
+)
+def test_same_draws_at_0_1_and_3_workers(recipe):
     results = [
-        draws_by_item(dp.Loader(shuffled(), seed=6, num_workers=workers)) for workers in (0, 1, 3)
+        draws_by_item(dp.Loader(recipe(), seed=6, num_workers=workers)) for workers in (0, 1, 3)
     ]
     assert results[0] == results[1] == results[2]
+
+
+@pytest.mark.slow
+def test_fn_raising_in_a_worker_gives_its_own_error():
+    with pytest.raises(ValueError, match="augmentation failed on item 7"):
+        list(dp.Loader(dp.range(10).random_map(fails_on_7), num_workers=2))
 
 
 @pytest.mark.slow
