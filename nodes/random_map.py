@@ -119,6 +119,7 @@ class RandomMapNode(Node):
         self._places: dict[Any, int] = {}
         self._bg = np.random.Philox(key=[0, 0])
         self._counter = np.zeros(4, dtype=np.uint64)
+        self._rng_refs, self._bg_refs = self._count_references()
         self._warned_thread = False
         self._it: Any = NotReset(self)
 
@@ -178,10 +179,18 @@ class RandomMapNode(Node):
         bg = self._seeded()
         rng = np.random.Generator(bg)
         out = self._fn(item, rng)
-        # References: rng (local, getrefcount's argument); bg (self, local, rng, argument).
-        if sys.getrefcount(rng) > 2 or sys.getrefcount(bg) > 4:
+        if sys.getrefcount(rng) > self._rng_refs or sys.getrefcount(bg) > self._bg_refs:
             self._bg = np.random.Philox(key=[0, 0])  # fn kept it: leave that stream alone
         return out
+
+    def _count_references(self) -> tuple[int, int]:
+        """The reference counts ``_call`` sees when ``fn`` keeps nothing (measured, as
+        interpreters count references to locals differently): rng's, and its bit
+        generator's (this node, the local, the rng, the call's argument)."""
+        bg = self._bg
+        rng = np.random.Generator(bg)
+        _keep_nothing(None, rng)
+        return sys.getrefcount(rng), sys.getrefcount(bg)
 
     def _call_global(self, item: Any) -> Any:
         import torch  # only this mode needs it
@@ -226,6 +235,10 @@ class RandomMapNode(Node):
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+
+def _keep_nothing(item: Any, rng: np.random.Generator) -> Any:
+    return item
 
 
 # ----- where the last item came from ----------------------------------------------------------

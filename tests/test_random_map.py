@@ -466,3 +466,43 @@ def test_resume_on_another_world_size_keeps_each_items_draws(recipe):
         new.close()
     assert len(taken) == len(whole)
     assert dict(taken) == whole
+
+
+def test_file_records_keep_their_draws_on_another_world_size(tmp_path):
+    pattern = _jsonl_files(tmp_path, files=4, per_file=30)
+    pipe = dp.files(pattern).shuffle().read_jsonl().random_map(record_jitter)
+    whole = draws_by_item(dp.Loader(pipe, seed=2))
+    old = [dp.Loader(pipe, seed=2, rank=r, world_size=2) for r in range(2)]
+    taken: list[Any] = []
+    for loader, count in zip(old, [11, 40]):
+        taken.extend(islice(iter(loader), count))
+    merged = dp.merge_states([loader.state_dict() for loader in old])
+    for rank in range(3):
+        new = dp.Loader(pipe, seed=2, rank=rank, world_size=3)
+        new.load_state_dict(roundtrip_state(merged))
+        taken.extend(new)
+    assert len(taken) == 120 and dict(taken) == whole
+
+
+class FetchesInChunks:
+    """A map-style dataset with a batched ``__getitems__`` (as HF and some torch datasets)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+    def __getitems__(self, keys: list[int]) -> list[int]:
+        return list(keys)
+
+
+def test_random_map_over_batches_fetched_in_one_call():
+    recipe = dp.from_sequence(FetchesInChunks()).shuffle().batch(4).random_map(batch_jitter)
+    first = list(dp.Loader(recipe, seed=1))
+    assert sorted(x for items, _ in first for x in items) == list(range(40))
+    loader = dp.Loader(recipe, seed=1)
+    head = list(islice(iter(loader), 3))
+    resumed = dp.Loader(recipe, seed=1)
+    resumed.load_state_dict(roundtrip_state(loader.state_dict()))
+    assert head + list(resumed) == first
