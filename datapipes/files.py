@@ -30,9 +30,14 @@ _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "auth")
 
 
 def _masked(options: dict[str, Any]) -> dict[str, Any]:
-    """Storage options for ``repr``: credentials are never printed or fingerprinted."""
+    """Storage options for ``repr``: credentials are never printed or fingerprinted, nested
+    ones included (s3fs takes ``client_kwargs={"aws_secret_access_key": ...}`` too)."""
     return {
-        name: "***" if any(word in name.lower() for word in _SECRET_WORDS) else value
+        name: "***"
+        if any(word in str(name).lower() for word in _SECRET_WORDS)
+        else _masked(value)
+        if isinstance(value, dict)
+        else value
         for name, value in options.items()
     }
 

@@ -17,7 +17,9 @@ Each module has one job:
 - :mod:`~nodes.storage.source`: ``SourceFile``, one URL opened with all of the above;
 - :mod:`~nodes.storage.fsspec_http`: every quirk of fsspec's HTTP filesystem (servers that
   ignore Range, answers without a size, its error classes and messages, aiohttp's
-  read timeout); no other module looks at fsspec class names or error text.
+  read timeout); no other module looks at fsspec class names or error text;
+- :mod:`~nodes.storage.fsspec_s3`: how s3fs and botocore report failures (the HTTP status
+  behind an s3fs ``OSError``, botocore's network errors), for ``is_transient``.
 """
 
 from nodes.storage.compression import Decompressed, ZstdReader, decompressing

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from nodes.storage import fsspec_http
+from nodes.storage import fsspec_http, fsspec_s3
 
 if TYPE_CHECKING:
     from nodes.storage.watchdog import Watchdog
@@ -54,7 +54,8 @@ def is_transient(error: BaseException) -> bool:
     """Whether a read error may go away on retry (network trouble, 5xx, timeouts).
 
     A ``FileNotFoundError`` that wraps an HTTP error (see
-    :func:`nodes.storage.fsspec_http.wrapped_error`) is judged by that error.
+    :func:`nodes.storage.fsspec_http.wrapped_error`) is judged by that error; an s3fs
+    error by the status of the S3 answer behind it (see :mod:`nodes.storage.fsspec_s3`).
     """
     cause = fsspec_http.wrapped_error(error)
     if cause is not None:
@@ -62,13 +63,15 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, (*_PERMANENT, io.UnsupportedOperation)):
         return False
     status = fsspec_http.http_status(error)
+    if status is None:  # s3fs: an OSError (EBUSY for a 503 SlowDown) from botocore's answer
+        status = fsspec_s3.http_status(error)
     if status is not None:
         return status >= 500 or status in (408, 429)
     if isinstance(error, OSError) and error.errno is not None:
         return error.errno in _TRANSIENT_ERRNOS
     if isinstance(error, OSError | TimeoutError | ConnectionError):
         return True
-    return fsspec_http.is_http_client_error(error)
+    return fsspec_http.is_http_client_error(error) or fsspec_s3.is_network_error(error)
 
 
 class ReadFailedError(OSError):
@@ -198,9 +201,10 @@ def _failed(
 ) -> ReadFailedError:
     cause = fsspec_http.wrapped_error(error)
     shown = error if cause is None else cause
+    # rstrip: S3's messages end with a full stop ("Please reduce your request rate.").
     message = (
         f"{url}: {doing} failed after {attempts} attempt(s) in {elapsed:.1f} s: "
-        f"{type(shown).__name__}: {shown}"
+        f"{type(shown).__name__}: {str(shown).rstrip('.')}"
     )
     if transient:
         message += (
