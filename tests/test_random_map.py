@@ -506,3 +506,10 @@ def test_random_map_over_batches_fetched_in_one_call():
     resumed = dp.Loader(recipe, seed=1)
     resumed.load_state_dict(roundtrip_state(loader.state_dict()))
     assert head + list(resumed) == first
+
+
+def test_global_rng_on_a_background_thread_warns():
+    pipe = dp.range(6).random_map(global_draws, global_rng=True).prefetch(2)
+    with pytest.warns(RuntimeWarning, match="runs on a background thread"):
+        out = list(dp.Loader(pipe))
+    assert [x for x, *_ in out] == list(range(6))
