@@ -12,11 +12,13 @@
 #
 # This tutorial writes two custom nodes for language-model pretraining
 # (packing documents into fixed-length rows, masking tokens at random), runs
-# the kit on them (and watches it catch a broken one), packages a pipeline
+# the kit on them (and watches it catch a broken one), masks with
+# `random_map` instead (augmentations seeded per item), packages a pipeline
 # as a small package, resumes its checkpoint in another process that only
 # imports the package, and ends with migration guides from
-# `torchdata.nodes`, a Hugging Face `datasets` streaming loop and a
-# hand-written `IterableDataset`.
+# `torchdata.nodes`, a Hugging Face `datasets` streaming loop (or keeping the
+# HF dataset, split over ranks and workers by its shards) and a hand-written
+# `IterableDataset`.
 #
 # Run `python tutorials/08_reuse_across_projects.py`; it asserts what it shows.
 
@@ -175,6 +177,48 @@ print(f"masked {share:.0%} of the tokens")
 assert 0.08 < share < 0.22
 assert epoch_0 != epoch_1  # a new mask every epoch
 assert [r.tolist() for r in dp.Loader(masked, seed=0)] == epoch_0  # the same seed: same masks
+
+# %% [markdown]
+# ### Augmentations without a custom node: `random_map`
+#
+# For a per-item random transform no node is needed. `.random_map(fn)` calls
+# `fn(item, rng)` with a fresh `numpy.random.Generator` whose stream is a pure
+# function of (seed, epoch, the step's place, the item's place in the epoch's
+# data; here its file and line). So the same document gets the same mask at
+# any `num_workers` or world size, after a resume and in a new process, and a
+# new one every epoch. An unmodified transform that draws from `torch.rand`,
+# `random` or `np.random` runs the same way under `global_rng=True` (those
+# generators are seeded per item and restored afterwards).
+
+
+# %%
+def mask_document(tokens: list[int], rng) -> list[int]:
+    keep = rng.random(len(tokens)) >= 0.15
+    return [t if k else MASK for t, k in zip(tokens, keep)]
+
+
+augmented = dp.files(DEFAULT_FILES).read_jsonl().map(tokenize).random_map(mask_document)
+in_process = list(dp.Loader(augmented, seed=0))
+with_workers = list(dp.Loader(augmented, seed=0, num_workers=2))
+assert sorted(with_workers) == sorted(in_process)  # the same masks, whichever worker read it
+loader = dp.Loader(augmented, seed=0)
+it = iter(loader)
+head = [next(it) for _ in range(50)]
+resumed = dp.Loader(augmented, seed=0)
+resumed.load_state_dict(loader.state_dict())
+assert head + list(resumed) == in_process  # and after a resume
+assert list(dp.Loader(augmented, seed=0)) != list(loader)  # loader is now in epoch 1: new masks
+
+
+def flip_torch(tokens: list[int]) -> list[int]:  # an unmodified, global-RNG transform
+    return tokens[::-1] if torch.rand(()) < 0.5 else tokens
+
+
+flipped = dp.files(DEFAULT_FILES).read_jsonl().map(tokenize).random_map(flip_torch, global_rng=True)
+before = torch.get_rng_state()
+assert sorted(dp.Loader(flipped, seed=0)) == sorted(dp.Loader(flipped, seed=0, num_workers=2))
+assert torch.equal(torch.get_rng_state(), before)  # the training loop's RNG is untouched
+print("random_map: the same masks and flips at 0 and 2 workers and after a resume")
 
 # %% [markdown]
 # ## The conformance kit
