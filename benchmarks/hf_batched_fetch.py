@@ -3,7 +3,8 @@
 One shuffled epoch in batches of ``B``, for
 
 * a Hugging Face ``datasets.Dataset`` built in memory (``--rows`` rows: an int ``label``
-  and a 32-float ``vec``) with ``with_format("torch")``;
+  and a 32-float ``vec``) with ``with_format("torch")`` (``--only hf-plain``: the same
+  without a format, rows of Python lists);
 * a torch map-style ``Dataset`` over numpy arrays that defines ``__getitems__`` (one
   fancy-indexing gather per call) next to its ``__getitem__``; samples are
   ``(tensor of 32 floats, int label)``;
@@ -16,7 +17,7 @@ datapipes is faster). Every pass is checked: every row once (the count and the s
 the labels). torch runs with 1 intra-op thread (``--torch-threads``), as in workers.
 Usage::
 
-    python benchmarks/hf_batched_fetch.py                 # about 2 minutes on 2 cores
+    python benchmarks/hf_batched_fetch.py                 # about 4 minutes on 2 cores
     python benchmarks/hf_batched_fetch.py --quick         # 5,000 rows, 1 repeat (smoke test)
     python benchmarks/hf_batched_fetch.py --only hf --workers 0 --repeats 9
 
@@ -55,11 +56,11 @@ def columns(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(0, 1000, rows), rng.random((rows, DIM), dtype=np.float32)
 
 
-def hf_dataset(rows: int, seed: int) -> Any:
+def hf_dataset(rows: int, seed: int, fmt: str | None = "torch") -> Any:
     from datasets import Dataset as HFDataset
 
     labels, vectors = columns(rows, seed)
-    return HFDataset.from_dict({"label": labels, "vec": vectors}).with_format("torch")
+    return HFDataset.from_dict({"label": labels, "vec": vectors}).with_format(fmt)
 
 
 class ArrayDataset(Dataset):
@@ -80,7 +81,9 @@ class ArrayDataset(Dataset):
 
 
 def make_dataset(name: str, rows: int, seed: int) -> Any:
-    return hf_dataset(rows, seed) if name == "hf" else ArrayDataset(rows, seed)
+    if name == "torch":
+        return ArrayDataset(rows, seed)
+    return hf_dataset(rows, seed, "torch" if name == "hf" else None)
 
 
 # ----- one pass --------------------------------------------------------------------------
@@ -160,7 +163,11 @@ def table(results: list[tuple[str, int, int, float, float]]) -> str:
         "| dataset | workers | batch | DataLoader | datapipes | datapipes / DataLoader |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    names = {"hf": "HF Dataset (torch format)", "torch": "torch Dataset + __getitems__"}
+    names = {
+        "hf": "HF Dataset (torch format)",
+        "hf-plain": "HF Dataset (no format)",
+        "torch": "torch Dataset + __getitems__",
+    }
     for name, workers, size, them, us in results:
         lines.append(
             f"| {names[name]} | {workers} | {size} | {them:.3f} s | {us:.3f} s | {us / them:.2f}x |"
@@ -172,7 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=None, help="rows (100,000; quick: 5,000)")
     parser.add_argument("--repeats", type=int, default=None, help="best of (5; quick: 1)")
-    parser.add_argument("--only", default=",".join(DATASETS), help="hf,torch")
+    parser.add_argument("--only", default=",".join(DATASETS), help="hf,torch (or hf-plain)")
     parser.add_argument("--workers", default=",".join(map(str, WORKERS)), help="0,2")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="batch sizes")
     parser.add_argument("--fetch-sizes", default=None, help="time chunk sizes instead")

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from nodes.sources import SequenceNode
 
 #: Items a source fetches per ``__getitems__`` call when no batch sets the size.
-#: Measured on an HF Dataset (benchmarks/hf_batched_fetch.py): per item, 64 costs
-#: about 10% more than 256, 16 about 60% more; 64 bounds the memory a chunk holds
-#: (and what a resume may fetch again) to what a common batch holds.
+#: Measured on an HF Dataset in torch format (benchmarks/hf_batched_fetch.py
+#: --fetch-sizes): per item, 64 costs about 15% more than 256 and 16 about 80% more
+#: (one by one: 14x more); 64 keeps what a chunk holds in memory (and what a resume
+#: may fetch again) to what a common batch holds.
 FETCH_CHUNK = 64
 
 Getter = Callable[[list[int]], Any]

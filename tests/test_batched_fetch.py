@@ -343,3 +343,24 @@ def test_workers_fetch_in_batches_and_resume_exactly(fmt):
     resumed = dp.Loader(pipe, seed=3, num_workers=2)
     resumed.load_state_dict(state)
     assert_same(expected, taken + list(resumed))
+
+
+@pytest.mark.slow
+def test_an_elastic_resume_from_workers_reads_every_row_once():
+    ds = hf_dataset(400, "torch")
+    pipe = dp.from_sequence(ds).shuffle().batch(8)
+    group = [dp.Loader(pipe, seed=5, rank=r, world_size=2, num_workers=2) for r in range(2)]
+    taken: list[Any] = []
+    for loader, count in zip(group, (9, 4)):  # past the workers' first snapshot
+        it = iter(loader)
+        taken.extend(next(it) for _ in range(count))
+    merged = dp.merge_states([loader.state_dict() for loader in group])
+    for loader in group:
+        loader.close()
+    rest: list[Any] = []
+    for rank in range(3):
+        loader = dp.Loader(pipe, seed=5, rank=rank, world_size=3, num_workers=1)
+        loader.load_state_dict(merged)
+        rest.extend(loader)
+    texts = [text for batch in taken + rest for text in batch["text"]]
+    assert sorted(texts) == sorted(f"t{i}" for i in range(400))
