@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 #: Items a source fetches per ``__getitems__`` call when no batch sets the size.
 #: Measured on an HF Dataset in torch format (benchmarks/hf_batched_fetch.py
-#: --fetch-sizes): per item, 64 costs about 15% more than 256 and 16 about 80% more
-#: (one by one: 14x more); 64 keeps what a chunk holds in memory (and what a resume
-#: may fetch again) to what a common batch holds.
+#: --fetch-sizes): per item, 16 costs about 60% more than 64 and 32 about 25% more,
+#: 128 or 256 no less (one by one: 12x more); 64 keeps what a chunk holds in memory
+#: (and what a resume may fetch again) to what a common batch holds.
 FETCH_CHUNK = 64
 
 Getter = Callable[[list[int]], Any]
@@ -72,6 +72,32 @@ def column_getter(seq: Any) -> Getter | None:
     return seq.__getitem__
 
 
+def _are_columns(columns: Any, count: int) -> bool:
+    """Whether ``columns`` is a dict of columns of ``count`` rows each."""
+    if not isinstance(columns, Mapping) or not columns:
+        return False
+    try:
+        return all(len(column) == count for column in columns.values())
+    except TypeError:  # an unsized value (a number, a 0-d tensor or array)
+        return False
+
+
+def rows_of(columns: Any, count: int) -> list[dict[str, Any]] | None:
+    """The rows ``{name: column[i]}`` of a dict of columns of ``count`` rows (``None`` when
+    ``columns`` is not one), as the Hugging Face ``Dataset.__getitems__`` splits them, except
+    that a tensor column's rows are copies: each owns its memory, as ``ds[i]`` gives it,
+    rather than a view that would keep the whole chunk alive and cross from a worker
+    process through shared memory (a file descriptor per tensor) instead of inline."""
+    if not _are_columns(columns, count):
+        return None
+    names = list(columns)
+    split = [
+        [row.clone() for row in column] if isinstance(column, torch.Tensor) else column
+        for column in columns.values()
+    ]
+    return [dict(zip(names, values)) for values in zip(*split)]
+
+
 def collate_columns(columns: Any, count: int) -> Any:
     """``default_collate`` of the rows of ``columns`` (a dict of columns of ``count`` rows),
     computed from the columns; ``None`` when they are not such a dict.
@@ -80,9 +106,7 @@ def collate_columns(columns: Any, count: int) -> Any:
     tensor column is already its own collated form. Other columns go through the same
     collation as rows would (lists of numbers become tensors, strings stay lists, ...).
     """
-    if not isinstance(columns, Mapping) or not columns:
-        return None
-    if any(len(column) != count for column in columns.values()):
+    if not _are_columns(columns, count):
         return None
     batch = {}
     for name, column in columns.items():

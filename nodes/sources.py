@@ -24,6 +24,7 @@ from nodes.batched_fetch import (
     collate_columns,
     column_getter,
     fetch_items,
+    rows_of,
 )
 from nodes.elastic import POSITIONS
 from nodes.rng import IndexPermutation
@@ -84,7 +85,7 @@ class SequenceNode(Node):
         self._getitems = batched_getter(seq)
         #: Items per ``__getitems__`` call (a sequence that has one).
         self.fetch_size = FETCH_CHUNK
-        self._get_columns = column_getter(seq) if self._getitems and not self._fns else None
+        self._get_columns = column_getter(seq) if self._getitems else None
 
     def _local_length(self) -> int:
         plan = self._ctx.plan_for(self.place)
@@ -170,7 +171,7 @@ class SequenceNode(Node):
 
     def _chunks(self) -> Iterator[Iterator[Any]]:
         while keys := list(islice(self._keys, self.fetch_size)):
-            items = fetch_items(self._getitems, keys, self._seq)  # type: ignore[arg-type]
+            items = self._fetch_rows(keys)
             self._taken += len(keys)
             self._chunk_it, self._chunk_len = iter(items), len(items)
             yield self._chunk_it
@@ -188,7 +189,7 @@ class SequenceNode(Node):
 
     def fetch(self, keys: list[int]) -> list[Any]:
         """The items at ``keys``, in one ``__getitems__`` call, with the fused maps applied."""
-        items = fetch_items(self._getitems, keys, self._seq)  # type: ignore[arg-type]
+        items = self._fetch_rows(keys)
         for fn in self._fns:
             items = list(map(fn, items))
         return items
@@ -196,9 +197,22 @@ class SequenceNode(Node):
     def fetch_columns(self, keys: list[int]) -> Any:
         """``default_collate(self.fetch(keys))`` read as columns in one call, for a Hugging
         Face ``Dataset`` without fused maps; ``None`` where that does not apply."""
-        if self._get_columns is None:
+        if self._get_columns is None or self._fns:
             return None
-        return collate_columns(self._get_columns(keys), len(keys))
+        batch = collate_columns(self._get_columns(keys), len(keys))
+        if batch is None:  # not a dict of columns (a pandas or arrow format): not again
+            self._get_columns = None
+        return batch
+
+    def _fetch_rows(self, keys: list[int]) -> list[Any]:
+        """The items at ``keys`` in one call: a Hugging Face ``Dataset``'s columns split into
+        rows that own their tensors (as ``ds[i]`` gives them), else ``__getitems__``'s."""
+        if self._get_columns is not None:
+            rows = rows_of(self._get_columns(keys), len(keys))
+            if rows is not None:
+                return rows
+            self._get_columns = None  # not a dict of columns (a pandas or arrow format)
+        return fetch_items(self._getitems, keys, self._seq)  # type: ignore[arg-type]
 
     def _shuffled_blocks(self, start: int, size: int = _SHUFFLE_BLOCK) -> Iterator[Iterator[Any]]:
         block = start // size

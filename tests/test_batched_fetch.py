@@ -314,6 +314,28 @@ def test_a_torch_format_batch_holds_stacked_tensors_and_the_strings():
     assert float(ds[0]["vec"].abs().sum()) > 0
 
 
+@pytest.mark.parametrize(
+    "recipe", [lambda s: s.shuffle(), lambda s: s.batch(8, collate_fn=no_collate)]
+)
+def test_hugging_face_rows_own_their_tensors(recipe):
+    # As ds[i] gives them: a view of the chunk would keep it all alive, and would cross from
+    # a worker through shared memory instead of inside the pickle.
+    out = read(recipe(dp.from_sequence(hf_dataset(50, "torch"))))
+    rows = [row for item in out for row in (item if isinstance(item, list) else [item])]
+    assert len(rows) == 50
+    for row in rows:
+        for value in (row["vec"], row["label"]):
+            assert value.untyped_storage().nbytes() == value.nbytes, value
+
+
+def test_a_format_without_dict_columns_falls_back_to_getitems():
+    # A pandas-format batch is a DataFrame: each batch is collated from __getitems__'s rows.
+    ds = hf_dataset(30, "pandas")
+    got = read(dp.from_sequence(ds).batch(10))
+    expected = [default_collate(ds.__getitems__(list(range(k, k + 10)))) for k in (0, 10, 20)]
+    assert_same(expected, got)
+
+
 def test_ragged_hugging_face_rows_fail_as_they_do_one_by_one():
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_dict({"seq": [[1, 2], [3], [4, 5, 6]]}).with_format("torch")
