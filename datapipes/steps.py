@@ -218,7 +218,7 @@ class Batch(DataPipe[Any]):
         source = fetching_source(upstream)
         if source is None:
             return BatchNode(upstream, size, drop_last=drop_last, collate_fn=collate_fn)
-        source.fetch_size = size  # one __getitems__ call per batch
+        source.fetch_for_batches(size)  # one __getitems__ call per batch
         if source is not upstream:  # maps in between: they still see the items one by one
             return BatchNode(upstream, size, drop_last=drop_last, collate_fn=collate_fn)
         return FetchBatchNode(source, size, drop_last=drop_last, collate_fn=collate_fn)

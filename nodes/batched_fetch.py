@@ -22,7 +22,7 @@ from nodes.collate import _collate, default_collate
 if TYPE_CHECKING:
     from nodes.sources import SequenceNode
 
-#: Items a source fetches per ``__getitems__`` call when no batch sets the size.
+#: Items a Hugging Face ``Dataset`` source fetches per call when no batch sets the size.
 #: Measured on an HF Dataset in torch format (benchmarks/hf_batched_fetch.py
 #: --fetch-sizes): per item, 16 costs about 60% more than 64 and 32 about 25% more,
 #: 128 or 256 no less (one by one: 12x more); 64 keeps what a chunk holds in memory
@@ -70,6 +70,18 @@ def column_getter(seq: Any) -> Getter | None:
     if kind.__getitems__ is not hf_dataset.__getitems__:
         return None
     return seq.__getitem__
+
+
+#: Hugging Face formats whose rows ``ds[i]`` are the rows of a batch ``ds[keys]`` (dicts);
+#: pandas, arrow, polars, ... rows are tables of one row.
+_ROW_FORMATS = frozenset({None, "python", "numpy", "np", "torch", "pt", "custom"})
+
+
+def rows_are_split_columns(seq: Any) -> bool:
+    """Whether a Hugging Face ``Dataset``'s row ``seq[i]`` is row ``i`` of the dict of
+    columns ``seq[keys]`` (its format gives dicts), so rows may be read many at a time."""
+    fmt = getattr(seq, "format", None)
+    return isinstance(fmt, Mapping) and fmt.get("type") in _ROW_FORMATS
 
 
 def _are_columns(columns: Any, count: int) -> bool:
@@ -127,7 +139,7 @@ def fetching_source(node: Node) -> SequenceNode | None:
 
     while type(node) in (MapNode, StatsNode):
         node = node.inputs[0]
-    if isinstance(node, SequenceNode) and node.fetches_in_chunks:
+    if isinstance(node, SequenceNode) and node.can_fetch_in_chunks:
         return node
     return None
 

@@ -24,6 +24,7 @@ from nodes.batched_fetch import (
     collate_columns,
     column_getter,
     fetch_items,
+    rows_are_split_columns,
     rows_of,
 )
 from nodes.elastic import POSITIONS
@@ -48,10 +49,11 @@ class SequenceNode(Node):
     seed, epoch and ``shuffle_key``, never materialized). ``fns`` are applied in order to each
     item (maps fused into the source at build time).
 
-    A sequence with a ``__getitems__`` (a Hugging Face ``Dataset``, a torch ``Dataset``
-    that defines it) is read in chunks of ``fetch_size`` items, one ``__getitems__`` call
-    each (a ``batch`` right after the source sets it to the batch size and fetches each
-    batch in one call: :class:`nodes.batched_fetch.FetchBatchNode`). The items and their
+    A sequence with a ``__getitems__`` (a torch ``Dataset`` that defines it) is read in
+    chunks of ``fetch_size`` items, one ``__getitems__`` call each, when a ``batch`` follows
+    (:meth:`fetch_for_batches`; as ``DataLoader`` calls it for batches only: its samples
+    may be views that only a batch's collation copies). A Hugging Face ``Dataset`` is read
+    in chunks always, its rows copied out of each chunk's columns. The items and their
     order are the same as ``seq[i]`` one by one would give.
 
     State: ``{"position": k}``, the number of items this consumer has yielded.
@@ -83,9 +85,10 @@ class SequenceNode(Node):
         self._plan: list[el.Piece] | None = None
         self._was_reset = False
         self._getitems = batched_getter(seq)
-        #: Items per ``__getitems__`` call (a sequence that has one).
-        self.fetch_size = FETCH_CHUNK
         self._get_columns = column_getter(seq) if self._getitems else None
+        #: Items per ``__getitems__`` call, and whether it is made (set at build time).
+        self.fetch_size = FETCH_CHUNK
+        self._chunked = self._get_columns is not None and rows_are_split_columns(seq)
 
     def _local_length(self) -> int:
         plan = self._ctx.plan_for(self.place)
@@ -120,7 +123,7 @@ class SequenceNode(Node):
         self._start = min(0 if state is None else int(state["position"]), self._length)
         c, total = self._ctx.consumer_index, self._ctx.num_consumers
         is_range = isinstance(self._seq, range)
-        if self._getitems is not None:
+        if self._chunked:
             self._reset_fetching(c, total)
             return
         if self._shuffle_key is None and self._plan is None:
@@ -143,9 +146,16 @@ class SequenceNode(Node):
         self._it = it
 
     @property
-    def fetches_in_chunks(self) -> bool:
-        """Whether items come through ``__getitems__``, ``fetch_size`` at a time."""
+    def can_fetch_in_chunks(self) -> bool:
+        """Whether the sequence has a ``__getitems__`` to fetch many items in one call."""
         return self._getitems is not None
+
+    def fetch_for_batches(self, size: int) -> None:
+        """A batch of ``size`` follows: fetch its items in one ``__getitems__`` call (before
+        the first :meth:`reset`; a sequence without ``__getitems__`` ignores it)."""
+        if self._getitems is not None:
+            self.fetch_size = size
+            self._chunked = True
 
     def _reset_fetching(self, c: int, total: int) -> None:
         """Items through ``__getitems__``: the indices as :meth:`reset` computes them, taken
@@ -240,7 +250,7 @@ class SequenceNode(Node):
 
     def position(self) -> int:
         """How many items this consumer has yielded in the current epoch."""
-        if self._getitems is not None:
+        if self._chunked:
             return (
                 self._taken
                 - self._chunk_len

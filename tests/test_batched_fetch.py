@@ -98,7 +98,7 @@ def plus_one(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "id": row["id"] + 1}
 
 
-RECIPES = {
+RECIPES = {  # the ones with a batch after the source (and maps) fetch with __getitems__
     "items": lambda s: s,
     "shuffle": lambda s: s.shuffle(),
     "batch": lambda s: s.batch(7),
@@ -124,7 +124,8 @@ def test_the_items_and_their_order_are_those_of_one_by_one_reads(recipe):
             expected = read(recipe(dp.from_sequence(one_by_one(ds))), **kwargs)
             got = read(recipe(dp.from_sequence(ds)), **kwargs)
             assert_same(expected, got, f"rank {rank} of {world_size}")
-    assert ds.calls, "__getitems__ was never called"
+    batched = "batch" in repr(recipe(dp.range(1))) and "filter" not in repr(recipe(dp.range(1)))
+    assert bool(ds.calls) == batched, ds.calls[:2]
 
 
 def test_a_batch_right_after_the_source_is_one_call_with_exactly_its_indices():
@@ -142,16 +143,28 @@ def test_a_batch_after_plain_maps_sets_the_chunk_to_the_batch():
     assert [len(call) for call in ds.calls] == [30, 30, 30, 10]
 
 
-def test_without_a_batch_items_come_in_chunks_of_the_measured_size():
-    ds = Rows(3 * FETCH_CHUNK + 5)
+def test_without_a_batch_a_torch_dataset_is_read_one_item_at_a_time():
+    # As DataLoader does without batches: __getitems__'s samples may be views of its
+    # gather that only a batch's collation copies (sent unbatched from a worker, a view
+    # crosses through shared memory, and keeps the whole gather alive).
+    ds = Rows(100)
+    assert_same(
+        read(dp.from_sequence(one_by_one(ds)).shuffle()), read(dp.from_sequence(ds).shuffle())
+    )
+    read(dp.from_sequence(ds).shuffle().filter(lambda r: r["id"] % 2).batch(4))
+    assert ds.calls == []
+
+
+def test_without_a_batch_a_hugging_face_dataset_is_read_in_chunks():
+    ds, calls = recorded_hf_dataset(3 * FETCH_CHUNK + 5)
     items = read(dp.from_sequence(ds).shuffle())
-    assert [len(call) for call in ds.calls] == [FETCH_CHUNK] * 3 + [5]
-    assert [item["tag"] for item in items] == [f"r{i}" for call in ds.calls for i in call]
+    assert [len(call) for call in calls] == [FETCH_CHUNK] * 3 + [5]
+    assert [item["idx"] for item in items] == [i for call in calls for i in call]
 
 
 def test_the_fetching_nodes_keep_the_node_contract():
     for pipe in (
-        dp.from_sequence(Ints(150)).shuffle(),
+        dp.from_sequence(recorded_hf_dataset(150)[0]).shuffle(),
         dp.from_sequence(Ints(150)).shuffle().batch(9),
         dp.from_sequence(Ints(70)).batch(8, drop_last=True),
     ):
@@ -170,10 +183,11 @@ def test_two_ranks_get_every_item_once_and_each_its_own_share():
 # ----- resume -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("batch", [None, 6])
-def test_a_checkpoint_mid_chunk_resumes_at_the_next_item(batch):
+@pytest.mark.parametrize(("kind", "batch"), [("hf", None), ("hf", 6), ("torch", 6)])
+def test_a_checkpoint_mid_chunk_resumes_at_the_next_item(kind, batch):
     rng = random.Random(7)
-    ds = Rows(250)
+    ds, calls = recorded_hf_dataset(250) if kind == "hf" else (Rows(250), None)
+    calls = ds.calls if calls is None else calls
     pipe = dp.from_sequence(ds).shuffle()
     pipe = pipe if batch is None else pipe.batch(batch)
     reference = read(dp.from_sequence(one_by_one(ds)).shuffle().batch(batch or 1))
@@ -186,16 +200,18 @@ def test_a_checkpoint_mid_chunk_resumes_at_the_next_item(batch):
         loader.close()
         resumed = dp.Loader(pipe, seed=3)
         resumed.load_state_dict(state)
-        ds.calls.clear()
+        calls.clear()
         rest = list(resumed)
         got = taken + rest
         if batch is None:
             got = default_collate_each(got)
         assert_same(reference, got, f"resumed after {k}")
         if rest:  # the first fetch after the resume starts at the next item, not the chunk's
-            first = ds.calls[0][0]
-            first_id = rest[0]["id"] if batch is None else int(rest[0]["id"][0])
-            assert first_id == int(ds.ids[first])
+            first = rest[0] if batch is None else default_collate(rest[0:1])
+            if kind == "hf":
+                assert calls[0][0] == int(torch.as_tensor(first["idx"]).reshape(-1)[0])
+            else:
+                assert int(ds.ids[calls[0][0]]) == int(first["id"].reshape(-1)[0])
 
 
 def default_collate_each(items: list[Any]) -> list[Any]:
@@ -261,7 +277,7 @@ def test_a_getitems_returning_too_few_items_is_a_clear_error():
     with pytest.raises(ValueError, match=r"ShortChanging.__getitems__ returned 4 items for 5"):
         read(dp.from_sequence(ShortChanging(20)).batch(5))
     with pytest.raises(ValueError, match=r"exactly one sample per index"):
-        read(dp.from_sequence(ShortChanging(20)).shuffle())
+        read(dp.from_sequence(ShortChanging(20)).shuffle().map(abs).batch(5))
 
 
 def test_a_getitems_returning_a_collated_batch_is_a_clear_error():
@@ -283,6 +299,26 @@ def hf_dataset(n: int, fmt: str | None) -> Any:
         }
     )
     return ds if fmt is None else ds.with_format(fmt)
+
+
+class Recorder:
+    """An HF transform that notes the ``idx`` column of every batch it formats."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, Any]:
+        self.calls.append(list(batch["idx"]))
+        return {"idx": batch["idx"], "vec": torch.tensor(batch["vec"])}
+
+
+def recorded_hf_dataset(n: int) -> tuple[Any, list[list[int]]]:
+    """An HF dataset of rows ``{"idx": i, "vec": tensor}`` and the indices of every read."""
+    datasets = pytest.importorskip("datasets")
+    vectors = np.random.default_rng(2).random((n, 3), dtype=np.float32)
+    recorder = Recorder()
+    ds = datasets.Dataset.from_dict({"idx": list(range(n)), "vec": vectors})
+    return ds.with_transform(recorder), recorder.calls
 
 
 HF_RECIPES = {
@@ -329,8 +365,14 @@ def test_hugging_face_rows_own_their_tensors(recipe):
 
 
 def test_a_format_without_dict_columns_falls_back_to_getitems():
-    # A pandas-format batch is a DataFrame: each batch is collated from __getitems__'s rows.
+    # A pandas-format batch is a DataFrame: each batch is collated from __getitems__'s rows,
+    # and rows are read one by one (a row is a DataFrame of one row).
     ds = hf_dataset(30, "pandas")
+    rows = read(dp.from_sequence(ds).shuffle())
+    assert_same(
+        [row.to_dict("list") for row in read(dp.from_sequence(one_by_one(ds)).shuffle())],
+        [row.to_dict("list") for row in rows],
+    )
     got = read(dp.from_sequence(ds).batch(10))
     expected = [default_collate(ds.__getitems__(list(range(k, k + 10)))) for k in (0, 10, 20)]
     assert_same(expected, got)
