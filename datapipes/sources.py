@@ -66,11 +66,11 @@ def from_sequence(seq: Sequence[Any]) -> DataPipe[Any]:
 
     Random access makes it shardable by index, globally shuffleable and O(1)
     to resume. An object with ``__getitems__`` (a Hugging Face ``Dataset``, a torch
-    ``Dataset`` that defines it, as ``DataLoader`` calls it) is read many items per call:
-    a ``batch`` right after it (or after plain maps) fetches each batch in one call, and
-    without one items come 64 per call; the items and their order are those of
-    ``seq[i]``. ``__getitems__(indices)`` must return the list of the samples at
-    ``indices``.
+    ``Dataset`` that defines it) is read many items per call where ``DataLoader`` would:
+    a ``batch`` right after it (or after plain maps) fetches each batch in one call; a
+    Hugging Face ``Dataset`` is read 64 rows per call without a batch too. The items and
+    their order are those of ``seq[i]``. ``__getitems__(indices)`` must return the list
+    of the samples at ``indices``.
 
     >>> import datapipes as dp
     >>> list(dp.Loader(dp.from_sequence(["a", "b"])))
