@@ -16,6 +16,9 @@ from nodes.base import list_iterator_position, positioned_iterator
 
 _BLOCK = 1024
 _MASK64 = (1 << 64) - 1
+_MIX1 = np.uint64(0x9E3779B97F4A7C15)
+_MIX2 = np.uint64(0xBF58476D1CE4E5B9)
+_S29, _S32 = np.uint64(29), np.uint64(32)
 
 
 def stable_hash(text: str) -> int:
@@ -108,29 +111,36 @@ class IndexPermutation:
         seeds = np.random.SeedSequence([int(k) & _MASK64 for k in key])
         self._round_keys = seeds.generate_state(self._ROUNDS, np.uint64)
 
-    def _round(self, right: np.ndarray, round_key: np.uint64) -> np.ndarray:
-        # splitmix64-style mixing; uint64 arithmetic wraps, which is what we want.
-        h = (right ^ round_key) * np.uint64(0x9E3779B97F4A7C15)
-        h ^= h >> np.uint64(29)
-        h *= np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(32)
-        return h & self._mask
-
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        # splitmix64-style round function; uint64 arithmetic wraps, which is what we want.
+        # In place: one scratch array per call instead of five temporaries per round.
         left = x >> self._half
         right = x & self._mask
+        h = np.empty_like(right)
         for round_key in self._round_keys:
-            left, right = right, left ^ self._round(right, round_key)
-        return (left << self._half) | right
+            np.bitwise_xor(right, round_key, out=h)
+            h *= _MIX1
+            h ^= h >> _S29
+            h *= _MIX2
+            h ^= h >> _S32
+            h &= self._mask
+            h ^= left
+            left, right, h = right, h, left
+        left <<= self._half
+        left |= right
+        return left
 
     def apply(self, positions: np.ndarray) -> np.ndarray:
         """Map positions in [0, n) to their permuted indices (vectorized)."""
         if self._table is not None:
             return self._table[positions]
+        n = np.uint64(self.n)
         with np.errstate(over="ignore"):
             out = self._encrypt(positions.astype(np.uint64))
-            outside = out >= np.uint64(self.n)
-            while outside.any():
-                out[outside] = self._encrypt(out[outside])
-                outside = out >= np.uint64(self.n)
+            # cycle walking: re-encrypt only the values still outside [0, n)
+            outside = np.flatnonzero(out >= n)
+            while outside.size:
+                walked = self._encrypt(out[outside])
+                out[outside] = walked
+                outside = outside[walked >= n]
         return out.astype(np.int64)
