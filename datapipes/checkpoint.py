@@ -58,7 +58,9 @@ if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
 
 #: 5: a shard's state records its stream position (``"read"``), and a rank's entry may
-#: hold its consumers' plans after a resume on another topology (``"plans"``).
+#: hold its consumers' plans after a resume on another topology (``"plans"``), or the
+#: units they claimed under dynamic dispatch (``"dispatch"``, added within version 5:
+#: states without it read as before).
 #: 4: every node keeps its input's state under ``nodes.UPSTREAM`` (``"upstream"``; version
 #: 3 used ``"up"``, ``"anchor"``, ``"inputs"``, ``"current"``), and random streams derive
 #: from the recipe's structure, not its display string, so shuffle orders moved.
@@ -99,6 +101,7 @@ def make_state(
     node: Any,
     graph: str | None = None,
     plans: str | None = None,
+    dispatch: dict[str, Any] | None = None,
     dropped: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A Loader state (the layout in the module doc) for ``rank`` at ``epoch``.
@@ -106,7 +109,8 @@ def make_state(
     ``node`` is the rank's node state (``None``: at the start of ``epoch``);
     ``graph`` the JSON text of its :func:`graph_record` (``None``: not built yet);
     ``plans`` the JSON text of its consumers' shares of ``epoch`` after a resume on
-    another topology (see :mod:`datapipes.elastic`).
+    another topology (see :mod:`datapipes.elastic`); ``dispatch`` the units its
+    consumers claimed under dynamic dispatch (see :mod:`datapipes.dispatch`).
     """
     text = None if node is None else json.dumps(node, separators=(",", ":"))
     entry: dict[str, Any] = {
@@ -117,6 +121,8 @@ def make_state(
     }
     if plans is not None:
         entry["plans"] = {"text": plans, "digest": node_digest(plans)}
+    if dispatch is not None:
+        entry["dispatch"] = dispatch
     if dropped:  # {"epoch", "counts"}: what was dropped so far, which a resume reports on
         entry["dropped"] = dropped
     return {
@@ -393,6 +399,11 @@ def entry_drops(entry: dict[str, Any], epoch: int, key: str = "counts") -> dict[
     them (``"counts"``), or those made before a resume on another topology (``"carried"``)."""
     dropped = entry.get("dropped")
     return dict(dropped.get(key, {})) if dropped and dropped["epoch"] == epoch else {}
+
+
+def was_dispatched(state: dict[str, Any]) -> bool:
+    """Whether a (checked) state's epoch was handed out by dynamic dispatch on some rank."""
+    return any(entry.get("dispatch") is not None for entry in state["ranks"].values())
 
 
 def entry_plans(entry: dict[str, Any], epoch: int) -> list[Any] | None:

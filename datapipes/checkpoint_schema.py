@@ -119,7 +119,8 @@ def check_rank(rank: Any, mine: Any, world_size: int) -> None:
     if not isinstance(rank, str) or not rank.isdigit() or str(int(rank)) != rank:
         raise InvalidStateError(path, 'a rank written as a string ("0")', rank)
     check_int(int(rank), path, 0, world_size - 1)
-    expect_keys(mine, path, {"epoch", "node", "digest"}, optional={"graph", "plans", "dropped"})
+    optional = {"graph", "plans", "dropped", "dispatch"}
+    expect_keys(mine, path, {"epoch", "node", "digest"}, optional=optional)
     expect_int(mine, "epoch", path)
     check_digest(mine["node"], mine["digest"], f"{path}.digest")
     node_state(mine["node"], f"{path}.node")
@@ -127,9 +128,35 @@ def check_rank(rank: Any, mine: Any, world_size: int) -> None:
         check_plans(mine["plans"], f"{path}.plans")
     if "dropped" in mine:
         check_drops(mine["dropped"], f"{path}.dropped")
+    if "dispatch" in mine:
+        check_dispatch_record(mine["dispatch"], f"{path}.dispatch")
     graph = mine.get("graph")
     if graph is not None and not isinstance(graph, str):
         raise InvalidStateError(f"{path}.graph", "null or the graph record's JSON text", graph)
+
+
+def check_dispatch_record(record: Any, path: str) -> None:
+    """Refuse (``InvalidStateError`` naming the field) a damaged dispatch record."""
+    expect_keys(record, path, {"epoch", "key", "consumers", "unit_items", "work", "claims"})
+    expect_int(record, "epoch", path, 0)
+    expect_int(record, "consumers", path, 1)
+    expect_int(record, "unit_items", path, 1)
+    if not isinstance(record["key"], str):
+        raise InvalidStateError(f"{path}.key", "the run's key (a string)", record["key"])
+    if record["work"] is not None and not isinstance(record["work"], dict):
+        raise InvalidStateError(f"{path}.work", "the epoch's work (a dict) or null", "?")
+    claims = record["claims"]
+    if not isinstance(claims, dict):
+        raise InvalidStateError(f"{path}.claims", "claims by consumer (a dict)", claims)
+    for consumer, places in claims.items():
+        if not (consumer.isdigit() and int(consumer) < record["consumers"]):
+            where = f"{path}.claims"
+            raise InvalidStateError(where, f"consumers in [0, {record['consumers']})", consumer)
+        if not isinstance(places, dict) or not all(
+            isinstance(units, list) and all(type(u) is int and u >= 0 for u in units)
+            for units in places.values()
+        ):
+            raise InvalidStateError(f"{path}.claims[{consumer!r}]", "unit indices by place", places)
 
 
 def check_drops(dropped: Any, path: str) -> None:

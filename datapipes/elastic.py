@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from datapipes import checkpoint
 from datapipes.checkpoint_schema import node_state
+from datapipes.dispatch import ReplayDispatch, epoch_work
 from datapipes.placement import rebuild_on, split_main_steps
 from nodes import UPSTREAM, Context, Node
 from nodes import elastic as el
@@ -181,7 +182,8 @@ def remaining_work(
     epoch = resume_epoch(ranks)
     setup = checkpoint.saved_setup(state)
     works = []
-    started = False
+    replay = _replay_dispatch(pipe, setup, ranks, epoch, listings)
+    started = replay is not None and replay.started
     for rank in sorted(ranks, key=int):
         entry = ranks[rank]
         if entry["epoch"] != epoch:
@@ -195,7 +197,7 @@ def remaining_work(
         try:
             with cursors_checked_later():  # the new consumers check the pieces they read
                 works.extend(
-                    _rank_work(pipe, setup, int(rank), epoch, node, plans, listings, drops)
+                    _rank_work(pipe, setup, int(rank), epoch, node, plans, listings, drops, replay)
                 )
         except (StateMismatchError, OSError):
             raise
@@ -209,11 +211,43 @@ def remaining_work(
             ) from error
     if not started:
         return epoch, None
+    if replay is not None:  # dynamic dispatch: the units no consumer had reached
+        works.append(replay.unreached())
     return epoch, el.merge_work(works)
 
 
+def _replay_dispatch(
+    pipe: DataPipe[Any],
+    setup: dict[str, Any],
+    ranks: dict[str, dict[str, Any]],
+    epoch: int,
+    listings: Any,
+) -> ReplayDispatch | None:
+    """The claims of ``epoch`` if it was dispatched dynamically (see datapipes.dispatch)."""
+    records = [
+        entry["dispatch"]
+        for entry in ranks.values()
+        if entry.get("dispatch") is not None and entry["dispatch"]["epoch"] == epoch
+    ]
+    if not records:
+        return None
+    whole = None
+    if records[0]["work"] is None:  # the epoch's whole work: worked out again
+        ctx = Context(epoch=epoch, seed=setup["seed"])
+        ctx.listings = listings
+        part = split_main_steps(pipe)[0] if setup["num_workers"] else pipe
+        whole = epoch_work(part, ctx)
+    return ReplayDispatch(records, whole)
+
+
 def _context(
-    setup: dict[str, Any], rank: int, worker: int, epoch: int, plans: Any, listings: Any
+    setup: dict[str, Any],
+    rank: int,
+    worker: int,
+    epoch: int,
+    plans: Any,
+    listings: Any,
+    replay: ReplayDispatch | None = None,
 ) -> Context:
     workers = max(setup["num_workers"], 1)
     ctx = Context(
@@ -227,6 +261,8 @@ def _context(
     ctx.listings = listings
     ctx.plans = None if plans is None else plans[worker]
     ctx.plans_epoch = epoch
+    if replay is not None:  # its claims, replayed: a source reads the units it claimed
+        ctx.dispatch = ctx.plans = replay.for_consumer(ctx.consumer_index)
     return ctx
 
 
@@ -239,27 +275,34 @@ def _rank_work(
     plans: Any,
     listings: Any,
     drops: dict[str, int] | None = None,
+    replay: ReplayDispatch | None = None,
 ) -> list[el.Work]:
     if not setup["num_workers"]:
-        root = pipe.build(_context(setup, rank, 0, epoch, plans, listings))
+        root = pipe.build(_context(setup, rank, 0, epoch, plans, listings, replay))
         if node is not None:
             root.validate_state(node, checkpoint.node_path(rank))
         return [el.consumer_work(root, node)]
     worker_part, main_steps = split_main_steps(pipe)
     _check_main_steps(main_steps)
     loader_state = _workers_state(node)
+    workers = setup["num_workers"]
     if loader_state is None:  # the rank had ended its epoch
+        if replay is not None:
+            for worker in range(workers):
+                replay.finished(rank * workers + worker)
         return []
     states = _worker_positions(
-        worker_part, setup, rank, epoch, loader_state, plans, listings, drops
+        worker_part, setup, rank, epoch, loader_state, plans, listings, drops, replay
     )
-    return [
-        el.consumer_work(
-            worker_part.build(_context(setup, rank, worker, epoch, plans, listings)), position
-        )
-        for worker, position in enumerate(states)
-        if position is not _END
-    ]
+    works = []
+    for worker, position in enumerate(states):
+        if position is _END:
+            if replay is not None:
+                replay.finished(rank * workers + worker)
+            continue
+        ctx = _context(setup, rank, worker, epoch, plans, listings, replay)
+        works.append(el.consumer_work(worker_part.build(ctx), position))
+    return works
 
 
 def _check_main_steps(main_steps: list[Any]) -> None:
@@ -299,6 +342,7 @@ def _worker_positions(
     plans: Any,
     listings: Any,
     drops: dict[str, int] | None = None,
+    replay: ReplayDispatch | None = None,
 ) -> list[Any]:
     """Each worker's node state after the last item the main process returned from it.
 
@@ -316,7 +360,8 @@ def _worker_positions(
     try:
         for worker in range(workers):
             saved = snapshots.get(worker) or {}
-            root = worker_part.build(_context(setup, rank, worker, epoch, plans, listings))
+            ctx = _context(setup, rank, worker, epoch, plans, listings, replay)
+            root = worker_part.build(ctx)
             roots.append(root)
             if saved.get("node") is not None:
                 where = f"{checkpoint.node_path(rank)}.dataloader.worker_{worker}.node"
@@ -377,18 +422,17 @@ def validate_plans(
 # ----- dealing ------------------------------------------------------------------------------
 
 
-def deal_here(
+def remaining_here(
     pipe: DataPipe[Any],
     state: dict[str, Any],
     where: tuple[int, int, int, int],
     listings: Any,
-) -> tuple[int, tuple[int, list[Any]] | None, dict[str, int]]:
-    """``(epoch, (epoch, every new consumer's plan) or None, dropped)`` for a Loader at
-    ``where`` (rank, world size, num_workers, seed) resuming a state of another topology.
+) -> tuple[int, el.Work | None, dict[str, int]]:
+    """``(epoch, remaining work or None, dropped)`` of a state that covers its whole job,
+    for a Loader at ``where`` (rank, world size, num_workers, seed).
 
-    ``dropped``: what the saved job's ended DataLoader workers had dropped. The deal is
-    ``None`` when the epoch had not started (a fresh epoch deals it). This rank's plans
-    are checked before they are used (the cursors of the files they read).
+    ``None``: the epoch had not started (a fresh epoch of any topology reads it);
+    ``dropped``: what the saved job's ended DataLoader workers had dropped.
     """
     rank, world_size, num_workers, seed = where
     if not covers_job(state):
@@ -396,7 +440,13 @@ def deal_here(
         raise StateMismatchError(
             f"this checkpoint was taken with topology {state['topology']} and holds "
             f"rank(s) {saved} only, but this Loader is rank {rank} of {world_size} with "
-            f"num_workers={num_workers}. To resume on another world size or number of "
+            f"num_workers={num_workers}"
+            + (
+                ""
+                if not checkpoint.was_dispatched(state)
+                else " and its epoch was dispatched dynamically (every rank's claims count)"
+            )
+            + ". To resume on another world size or number of "
             "workers, merge every rank's state first: dp.merge_states([state of rank 0, "
             "state of rank 1, ...]) (or dp.load_dcp_states for a DCP checkpoint); or "
             "resume with the saved topology, each rank from its own state."
@@ -411,6 +461,22 @@ def deal_here(
         epoch, work, dropped = checkpoint.saved_remaining(state, resume_epoch(state["ranks"]))
     else:
         epoch, work = remaining_work(pipe, state, listings, dropped)
+    return epoch, work, dropped
+
+
+def deal_here(
+    pipe: DataPipe[Any],
+    state: dict[str, Any],
+    where: tuple[int, int, int, int],
+    listings: Any,
+) -> tuple[int, tuple[int, list[Any]] | None, dict[str, int]]:
+    """``(epoch, (epoch, every new consumer's plan) or None, dropped)`` for a Loader at
+    ``where`` (rank, world size, num_workers, seed) resuming a state of another topology
+    (see :func:`remaining_here`). This rank's plans are checked before they are used
+    (the cursors of the files they read).
+    """
+    rank, world_size, num_workers, seed = where
+    epoch, work, dropped = remaining_here(pipe, state, where, listings)
     if work is None:
         return epoch, None, dropped
     plans = full_deal(work, world_size, num_workers)

@@ -21,6 +21,7 @@ from datapipes.checkpoint import (  # noqa: F401 - re-exported
     InvalidStateError,
     StateMismatchError,
 )
+from datapipes.dispatch import DEFAULT_UNIT_ITEMS, DynamicDispatch, check_dispatch
 from datapipes.drops import CarriedDrops
 from datapipes.epochs import EpochCursor, EpochRun
 from datapipes.even_batches import EvenBatchesPolicy
@@ -37,6 +38,7 @@ from datapipes.workers import (
     worker_skip_counts,
 )
 from nodes import Context, Node
+from nodes.dispatch import Dispatcher, DispatchSpec
 
 _DATALOADER_OPTIONS = frozenset(
     {
@@ -145,9 +147,13 @@ class Loader:
         device: str | Any = None,
         stats: bool = False,
         progress: bool = False,
+        dispatch: str = "static",
+        store: Any = None,
+        dispatch_unit_items: int = DEFAULT_UNIT_ITEMS,
         **dataloader_options: Any,
     ) -> None:
         _check_arguments(pipe, num_workers, dataloader_options)
+        check_dispatch(dispatch, dataloader_options)
         if pin_memory:
             pipe = pipe.pin_memory()
         if device is not None:
@@ -173,6 +179,18 @@ class Loader:
             pipe, self.topology, self.seed, num_workers, dataloader_options, stats=stats
         )
         self._even = EvenBatchesPolicy(even_batches, pipe, self.topology, num_workers, self.seed)
+        # Dynamic dispatch (datapipes.dispatch): each epoch's units claimed through a store.
+        self._dispatch: DynamicDispatch | None = None
+        if dispatch == "dynamic":
+            self._dispatch = DynamicDispatch(
+                pipe, self.topology, num_workers, self.seed,
+                store=store, unit_items=dispatch_unit_items,
+            )  # fmt: skip
+            if not num_workers:  # this process is the rank's one consumer: it claims here
+                placeholder = DispatchSpec(None, "", -1, 1, 1)
+                self._context.dispatch = Dispatcher(placeholder, self.topology.rank)
+        elif store is not None:
+            raise ValueError("store= is for dispatch='dynamic'; static dealing needs no store")
         # Listed once, at the first build; by rank 0 for all when the ranks iterate together.
         self._listings = JobListings(pipe, self._even.group)
         self._cursor = EpochCursor()
@@ -205,6 +223,8 @@ class Loader:
             self._stats.new_graph()
         run = self._cursor.next_run()
         self._context.epoch = run.epoch
+        if self._dispatch is not None:
+            self._begin_dispatch(run.epoch, continuing=run.resume_from is not None)
         self._stats.new_epoch(root)
         try:
             root.reset(run.resume_from)
@@ -218,6 +238,17 @@ class Loader:
         self._cursor.begin(run)  # only now: a position the graph refused stays pending
         self._fresh = None if run.resume_from is not None else (run.epoch, root.state_dict())
         return self._cursor.watch(self._run(root, run))
+
+    def _begin_dispatch(self, epoch: int, *, continuing: bool) -> None:
+        """Give this epoch's units to the rank's consumers (this process, or its workers)."""
+        assert self._dispatch is not None
+        listings = self._listings.get(self._context)
+        spec = self._dispatch.begin_epoch(epoch, listings, continuing=continuing)
+        if self.num_workers:
+            self._worker_dataset().dispatch_spec = spec
+        else:
+            self._context.dispatch.use(spec)
+            self._context.plans, self._context.plans_epoch = self._context.dispatch, epoch
 
     @property
     def even_batches(self) -> bool:
@@ -377,6 +408,11 @@ class Loader:
         if self._deal is not None and self._deal[0] in (epoch, epoch - 1):
             # Kept one epoch on: a rank that finished its share still tells what it was.
             plans = elastic.plans_text(self._deal[0], self._my_plans())
+        dispatch = None
+        if self._dispatch is not None:
+            per_rank = max(self.num_workers, 1)
+            mine = range(self.rank * per_rank, (self.rank + 1) * per_rank)
+            dispatch = self._dispatch.record(epoch, mine)
         return checkpoint.make_state(
             fingerprint=self._fingerprint,
             steps=self._steps,
@@ -387,6 +423,7 @@ class Loader:
             node=node,
             graph=self._graph.text(root),
             plans=plans,
+            dispatch=dispatch,
             dropped=self._drops.record(
                 epoch, node, self._cursor.last, self._root is not None, self.dropped
             ),
@@ -412,9 +449,12 @@ class Loader:
         """
         checkpoint.check_recipe_of(state, self._fingerprint, self._steps)
         state = checkpoint.with_idle_ranks(state)
+        if self._dispatch is not None:  # every resume hands out what the checkpoint left
+            self._load_dispatched(state)
+            return
         saved = state["topology"]
         same = (saved["world_size"], saved["num_workers"]) == (self.world_size, self.num_workers)
-        if same and str(self.rank) in state["ranks"]:
+        if same and str(self.rank) in state["ranks"] and not checkpoint.was_dispatched(state):
             self._even.adopt(checkpoint.saved_even_batches(state))  # before it is compared
             checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
             epoch, node = checkpoint.rank_position(state, self.rank)
@@ -457,6 +497,17 @@ class Loader:
         self._resume(epoch, None, deal)
         self._drops.take_job(state, epoch, ended_drops, self.rank, whole_epoch=deal is None)
 
+    def _load_dispatched(self, state: dict[str, Any]) -> None:
+        """Resume any state (dynamic or static, any topology) under dynamic dispatch: the
+        units of the resumed epoch are what the checkpoint left."""
+        assert self._dispatch is not None
+        listings = self._listings.get(self._context)
+        where = (self.rank, self.world_size, self.num_workers, self.seed)
+        epoch, work, ended_drops = elastic.remaining_here(self.pipe, state, where, listings)
+        self._dispatch.set_base(epoch, work)
+        self._resume(epoch, None, None)
+        self._drops.take_job(state, epoch, ended_drops, self.rank, whole_epoch=work is None)
+
     def _resume(self, epoch: int, node: Any, deal: tuple[int, list[Any]] | None) -> None:
         self._cursor.restore(epoch, node)
         self._deal = deal
@@ -473,6 +524,8 @@ class Loader:
 
     def _apply_plans(self, ctx: Context) -> None:
         """Hand this rank's consumers their plans (the Loader's context, or its workers')."""
+        if self._dispatch is not None:  # the units claimed are the plans (_begin_dispatch)
+            return
         mine = None if self._deal is None else self._my_plans()
         epoch = None if self._deal is None else self._deal[0]
         ctx.plans_epoch = epoch

@@ -11,6 +11,7 @@ from datapipes.identity import digest, identity, plain
 from datapipes.topology import resolve_topology
 from datapipes.torch_dataset import TorchDataset
 from nodes import Context, Node
+from nodes.dispatch import DispatchedSourceNode
 from nodes.stats import StatsNode
 
 T = TypeVar("T")
@@ -177,6 +178,8 @@ class DataPipe(Generic[T]):
         node = self._build(ctx)
         if node.elastic == "source" and getattr(node, "place", None) is None:
             node.place = ctx.place_of(self._key())  # type: ignore[attr-defined]
+            if ctx.dispatch is not None:  # dynamic dispatch: it reads the units it claims
+                node = DispatchedSourceNode(node, ctx.dispatch)
         if ctx.stats:
             node = StatsNode(node, self.fingerprint(), self.stats_label())
         return node

@@ -83,6 +83,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # resumed epoch, see datapipes.elastic; None: every worker reads its own share.
         self.worker_plans: list[Any] | None = None
         self.plans_epoch: int | None = None
+        # Under dynamic dispatch (set by a Loader each epoch): the epoch's units, which each
+        # worker claims for itself through the store (see datapipes.dispatch).
+        self.dispatch_spec: Any = None
         self._epoch = 0
         self._last_epoch: int | None = None
         self._pending: dict[str, Any] | None = None
@@ -125,7 +128,17 @@ class TorchDataset(torch.utils.data.IterableDataset):
         plans = self.worker_plans
         if plans is not None and worker_id < len(plans):
             ctx.plans, ctx.plans_epoch = plans[worker_id], self.plans_epoch
+        self._attach_dispatch(ctx)
         return ctx
+
+    def _attach_dispatch(self, ctx: Context) -> None:
+        """Under dynamic dispatch, the worker's sources claim the epoch's units themselves."""
+        spec = self.dispatch_spec
+        if spec is not None and spec.epoch == ctx.epoch:
+            from nodes.dispatch import Dispatcher
+
+            ctx.dispatch = ctx.plans = Dispatcher(spec, ctx.consumer_index)
+            ctx.plans_epoch = spec.epoch
 
     def __iter__(self) -> Iterator[Any]:
         ctx = self._context()
@@ -144,6 +157,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
         else:
             ctx.epoch = self._epoch
         self._last_epoch = ctx.epoch
+        self._attach_dispatch(ctx)  # for the epoch the pass runs
         if self._root is not None:
             self._root.close()
         self._root, self._ctx, self._start = None, ctx, pending

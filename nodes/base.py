@@ -44,6 +44,9 @@ class Context:
     #: In a graph built before a ``shard()``: the context of the consumer the shard runs
     #: for (this one then reads the whole stream); ``None`` otherwise.
     shard_ctx: Any = None
+    #: Under dynamic dispatch: this consumer's :class:`nodes.dispatch.Dispatcher` (also its
+    #: ``plans``): sources are wrapped to claim their units through it. ``None``: static.
+    dispatch: Any = None
 
     def plan_for(self, place: str | None) -> list[Any] | None:
         """The pieces the source at ``place`` reads this epoch, or ``None``: its own share."""
@@ -151,6 +154,7 @@ class ScopedContext(Context):
     plans = property(lambda self: self._parent.plans)
     plans_epoch = property(lambda self: self._parent.plans_epoch)
     shard_ctx = property(lambda self: self._parent.shard_ctx)
+    dispatch = property(lambda self: self._parent.dispatch)
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
         return self._parent.random_key(self.tag, *parts, seed=seed)

@@ -187,7 +187,7 @@ def _deal_records(pieces: list[Piece], consumers: int, *, splittable: bool) -> l
     singles = [p for p in pieces if p.get("one")]
     rests = [p for p in pieces if not p.get("one")]
     if splittable and len(rests) < consumers:
-        rests = _split_whole_files(rests, consumers)
+        rests = split_whole_files(rests, consumers)
     shares: list[list[Piece]] = [[] for _ in range(consumers)]
     for j in range(consumers):
         shares[j].extend(
@@ -198,7 +198,7 @@ def _deal_records(pieces: list[Piece], consumers: int, *, splittable: bool) -> l
     return shares
 
 
-def _split_whole_files(rests: list[Piece], consumers: int) -> list[Piece]:
+def split_whole_files(rests: list[Piece], consumers: int) -> list[Piece]:
     """Untouched whole files split into parts, so that fewer files than consumers still give
     every consumer a share: part ``j`` of ``k`` of a whole file is what a fresh epoch on
     ``k`` consumers would read of it, in every splittable format."""

@@ -1,0 +1,267 @@
+"""A Loader's dynamic dispatch: its store, its run's keys, each epoch's units, checkpoints.
+
+``dp.Loader(pipe, dispatch="dynamic")`` hands an epoch's units (see
+:mod:`nodes.dispatch`) to whichever consumer needs more work. This module is
+the Loader's side of it:
+
+- :class:`DynamicDispatch` resolves the store (the one passed, else the
+  default process group's, else a ``TCPStore`` of its own for a one-rank
+  job), names the run's keys, works out each epoch's work (the whole epoch,
+  or what a resumed checkpoint left), and writes the checkpoint's record:
+  the units each of this rank's consumers claimed, as the store recorded
+  them (DataLoader workers' claims since their last snapshot included).
+- :class:`ReplayDispatch` reads those records back when a checkpoint is
+  resumed (:func:`datapipes.elastic.remaining_work`): each old consumer's
+  graph replays its own claims, and the units nobody reached are added to
+  the remaining work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from datapipes.placement import split_main_steps
+from nodes import Context
+from nodes import elastic as el
+from nodes.dispatch import Dispatcher, DispatchSpec
+from nodes.dispatch.dispatcher import recorded_claims
+from nodes.dispatch.store import StoreAddress, StoreClient, address_of
+
+if TYPE_CHECKING:
+    from datapipes.pipe import DataPipe
+    from datapipes.topology import Topology
+
+DISPATCH_MODES = ("static", "dynamic")
+#: Positions per unit of a random-access source (files: one file or file part per unit).
+DEFAULT_UNIT_ITEMS = 1024
+#: Seconds a store operation may take before the store counts as gone.
+DEFAULT_STORE_TIMEOUT = 60.0
+
+
+def check_dispatch(dispatch: Any, options: dict[str, Any]) -> None:
+    """Refuse a ``dispatch`` argument, or options it cannot run with, saying what works."""
+    if dispatch not in DISPATCH_MODES:
+        raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+    if dispatch == "dynamic" and options.get("persistent_workers"):
+        raise ValueError(
+            "dispatch='dynamic' starts each epoch's workers with that epoch's units; "
+            "persistent_workers=True would keep the first epoch's: leave it off"
+        )
+
+
+def epoch_work(pipe: DataPipe[Any], ctx: Context) -> el.Work:
+    """The whole work of ``ctx``'s epoch per source place, as one consumer would read it.
+
+    Also refuses (:class:`datapipes.ElasticResumeError`) a recipe with a step
+    that dynamic dispatch cannot hand out exactly: the steps an elastic resume
+    refuses, and ``shard()`` streams (every consumer reads them whole).
+    """
+    root = pipe.build(ctx)
+    try:
+        el.check_graph(root)
+        work: el.Work = {}
+        for node in el.sources_and_nodes(root):
+            if node.elastic != "source":
+                continue
+            if node.elastic_kind == el.STREAM:
+                raise el.refuse(
+                    node,
+                    "is read whole by every consumer and split afterwards (shard()): there "
+                    "is nothing to hand out on demand; use dispatch='static' for it, or a "
+                    "source that deals itself (dp.from_sequence, dp.files)",
+                )
+            el.add_work(work, node.place, node.elastic_kind, node.untouched())
+        return work
+    finally:
+        root.close()
+
+
+class DynamicDispatch:
+    """A Loader's dynamic dispatch (see the module doc)."""
+
+    def __init__(
+        self,
+        pipe: DataPipe[Any],
+        topology: Topology,
+        num_workers: int,
+        seed: int,
+        *,
+        store: Any = None,
+        unit_items: int = DEFAULT_UNIT_ITEMS,
+        timeout: float = DEFAULT_STORE_TIMEOUT,
+    ) -> None:
+        if not isinstance(unit_items, int) or unit_items < 1:
+            raise ValueError(f"dispatch_unit_items must be an int >= 1, got {unit_items!r}")
+        self._pipe = split_main_steps(pipe)[0] if num_workers else pipe
+        self._seed = seed
+        self._world_size = topology.world_size
+        self.consumers = topology.world_size * max(num_workers, 1)
+        self.unit_items = unit_items
+        epoch_work(self._pipe, Context(seed=seed))  # refusals now, not at the first epoch
+        self._own_store = None
+        self.client = self._client(store, topology, num_workers, timeout)
+        # Every rank's Loader adds one: ranks that make their Loaders in the same order
+        # (the usual SPMD program) agree on the run's number without talking.
+        made = self.client.add(f"datapipes/{pipe.fingerprint()}/loaders", 1)
+        self.run = f"datapipes/{pipe.fingerprint()}/{(made - 1) // topology.world_size}"
+        self._attempts: dict[int, int] = {}
+        self._base: tuple[int, el.Work] | None = None
+        self.spec: DispatchSpec | None = None
+
+    def _client(
+        self, store: Any, topology: Topology, num_workers: int, timeout: float
+    ) -> StoreClient:
+        if store is None and dist.is_available() and dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            store = _get_default_store()
+        if store is None:
+            if topology.world_size > 1:
+                raise ValueError(
+                    f"dispatch='dynamic' on {topology.world_size} ranks needs a store every "
+                    "rank reaches: initialize torch.distributed (its store is used), or pass "
+                    "store=torch.distributed.TCPStore(host, port, ...) (rank 0 hosting it)"
+                )
+            # One rank: a store of its own, which its DataLoader workers reach by its port.
+            store = self._own_store = dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False
+            )
+        address = address_of(store, timeout)
+        if address is None and num_workers:
+            raise ValueError(
+                f"dispatch='dynamic' with DataLoader workers needs a store they can reach: "
+                f"a TCPStore or FileStore, not a {type(store).__name__}"
+            )
+        store.set_timeout(_seconds(timeout))
+        return StoreClient(store, address)
+
+    # ----- epochs ----------------------------------------------------------------------------
+    def set_base(self, epoch: int, work: el.Work | None) -> None:
+        """A resumed epoch hands out ``work`` (what its checkpoint left), not the whole epoch."""
+        self._base = None if work is None else (epoch, work)
+
+    def begin_epoch(self, epoch: int, listings: Any, *, continuing: bool) -> DispatchSpec:
+        """This epoch's spec: the running one when ``continuing`` it (after ``close()``),
+        else a new attempt at ``epoch`` with its own keys in the store."""
+        if continuing and self.spec is not None and self.spec.epoch == epoch:
+            return self.spec
+        attempt = self._attempts[epoch] = self._attempts.get(epoch, 0) + 1
+        base = self._base
+        if base is not None and base[0] == epoch:
+            work = base[1]
+        else:
+            ctx = Context(epoch=epoch, seed=self._seed)
+            ctx.listings = listings
+            work = epoch_work(self._pipe, ctx)
+        self.spec = DispatchSpec(
+            self.client,
+            f"{self.run}/{epoch}/{attempt}",
+            epoch,
+            self.consumers,
+            self.unit_items,
+            work,
+        )
+        return self.spec
+
+    # ----- checkpoints -------------------------------------------------------------------------
+    def record(self, epoch: int, consumers: Iterable[int]) -> dict[str, Any] | None:
+        """The checkpoint's record of ``epoch`` (or of the one before, which a rank at the
+        start of the next still tells): every unit each of ``consumers`` claimed."""
+        spec = self.spec
+        if spec is None or spec.epoch not in (epoch, epoch - 1):
+            return None
+        resumed = self._base is not None and self._base[0] == spec.epoch
+        return {
+            "epoch": spec.epoch,
+            "key": spec.key,
+            "consumers": spec.consumers,
+            "unit_items": spec.unit_items,
+            "work": spec.work if resumed else None,
+            "claims": {
+                str(c): {
+                    place: recorded_claims(self.client, spec.key, place, c) for place in spec.work
+                }
+                for c in consumers
+            },
+        }
+
+
+def _seconds(timeout: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=timeout)
+
+
+class ReplayDispatch:
+    """The claims of a dynamic epoch's checkpoint, handed out again to its old consumers.
+
+    ``records``: every rank's record of the epoch (``None`` for a rank that has
+    none). Each consumer's graph gets a :class:`nodes.dispatch.Dispatcher` that
+    replays its recorded claims; afterwards :meth:`unreached` is the work of
+    the units no consumer reached.
+    """
+
+    def __init__(self, records: list[dict[str, Any]], whole_epoch: el.Work) -> None:
+        first = records[0]
+        self.spec = DispatchSpec(
+            None,
+            first["key"],
+            first["epoch"],
+            first["consumers"],
+            first["unit_items"],
+            first["work"] if first["work"] is not None else whole_epoch,
+        )
+        self._recorded: dict[int, dict[str, list[int]]] = {}
+        for record in records:
+            for consumer, claims in record["claims"].items():
+                self._recorded[int(consumer)] = claims
+        self._dispatchers: dict[int, Dispatcher] = {}
+        self._finished: set[int] = set()
+        #: Whether any unit was claimed, or the epoch was a resumed one's rest (then its
+        #: remaining work is not simply a fresh epoch's).
+        self.started = first["work"] is not None or any(
+            units for claims in self._recorded.values() for units in claims.values()
+        )
+
+    def for_consumer(self, consumer: int) -> Dispatcher:
+        dispatcher = Dispatcher(self.spec, consumer, recorded=self._recorded.get(consumer, {}))
+        self._dispatchers[consumer] = dispatcher
+        return dispatcher
+
+    def finished(self, consumer: int) -> None:
+        """``consumer`` delivered everything it claimed (its share had ended)."""
+        self._finished.add(consumer)
+
+    def unreached(self) -> el.Work:
+        """The units no consumer reached: the epoch's work that was never handed out."""
+        reached: dict[str, set[int]] = {}
+        for consumer, claims in self._recorded.items():
+            if consumer in self._finished or consumer not in self._dispatchers:
+                for place, units in claims.items():
+                    reached.setdefault(place, set()).update(units)
+        for consumer, dispatcher in self._dispatchers.items():
+            if consumer not in self._finished:
+                for place, units in dispatcher.reached.items():
+                    reached.setdefault(place, set()).update(units)
+        work: el.Work = {}
+        any_dispatcher = Dispatcher(self.spec, -1)
+        for place, entry in self.spec.work.items():
+            units = any_dispatcher.units(place)
+            done = reached.get(place, set())
+            pieces = [p for i, unit in enumerate(units) if i not in done for p in unit]
+            el.add_work(work, place, entry["kind"], pieces)
+        return work
+
+
+__all__ = [
+    "DEFAULT_UNIT_ITEMS",
+    "DISPATCH_MODES",
+    "DynamicDispatch",
+    "ReplayDispatch",
+    "StoreAddress",
+    "check_dispatch",
+    "epoch_work",
+]

@@ -1,0 +1,125 @@
+"""One consumer's side of an epoch's dynamic dispatch: its units, its claims, its current unit.
+
+A :class:`Dispatcher` is set as the consumer's ``ctx.plans`` (and
+``ctx.dispatch``): a source asks it for its plan as after an elastic resume,
+and it answers with the unit the source's :class:`DispatchedSourceNode` claimed
+last. Claims go through the store (``add`` on one counter per source: the
+counter's old value is the unit's index, so no unit is handed out twice), and
+each is recorded under the consumer's own key (``append``) before the unit is
+read, where a Loader finds the claims of its DataLoader workers.
+
+Replaying a checkpoint (``recorded``: the claims the consumer had made), the
+dispatcher hands those out again instead, and notes which ones the consumer
+reached (``reached``): the units nobody reached are what the epoch still had
+to hand out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+from nodes.dispatch.store import StoreClient
+from nodes.dispatch.units import units_of
+from nodes.elastic import Piece, Work
+
+
+@dataclass
+class DispatchSpec:
+    """What every consumer of one epoch's dynamic dispatch shares.
+
+    ``key``: this epoch's namespace in the store (a Loader's run, the epoch, the
+    attempt); ``work``: the epoch's work per source place, whole or what a
+    resume left; ``consumers`` and ``unit_items`` size the units.
+    """
+
+    client: StoreClient | None
+    key: str
+    epoch: int
+    consumers: int
+    unit_items: int
+    work: Work = field(default_factory=dict)
+
+
+def claims_key(key: str, place: str, consumer: int) -> str:
+    return f"{key}/claims/{place}/{consumer}"
+
+
+def recorded_claims(client: StoreClient, key: str, place: str, consumer: int) -> list[int]:
+    """The units ``consumer`` claimed of ``place``, in order, as the store recorded them."""
+    raw = client.get_or_none(claims_key(key, place, consumer))
+    return [int(unit) for unit in raw.decode().split(",") if unit] if raw else []
+
+
+class Dispatcher:
+    """One consumer's view of an epoch's dynamic dispatch (see the module doc)."""
+
+    def __init__(
+        self, spec: DispatchSpec, consumer: int, recorded: dict[str, list[int]] | None = None
+    ) -> None:
+        self.consumer = consumer
+        self._recorded = recorded
+        self.use(spec)
+
+    def use(self, spec: DispatchSpec) -> None:
+        """Hand out ``spec``'s units from now on (a Loader's next epoch, same graph)."""
+        self.spec = spec
+        self._units: dict[str, list[list[Piece]]] = {}
+        self._current: dict[str, int] = {}
+        #: The claims each source reached (its own list, which grows), by place.
+        self.reached: dict[str, list[int]] = {}
+        #: Units claimed through the store, and the seconds those claims took.
+        self.claimed = 0
+        self.wait_seconds = 0.0
+
+    # ----- what a source reads (Context.plan_for) ----------------------------------------
+    def get(self, place: str, default: Any = None) -> Any:
+        """The pieces of the unit the source at ``place`` reads now (``default``: none yet)."""
+        unit = self._current.get(place)
+        return default if unit is None else self.units(place)[unit]
+
+    def units(self, place: str) -> list[list[Piece]]:
+        """Every unit of ``place``'s work this epoch (the same list in every process)."""
+        units = self._units.get(place)
+        if units is None:
+            entry = self.spec.work.get(place)
+            units = (
+                []
+                if entry is None
+                else units_of(
+                    entry["kind"], entry["pieces"], self.spec.consumers, self.spec.unit_items
+                )
+            )
+            self._units[place] = units
+        return units
+
+    def point_at(self, place: str, unit: int) -> None:
+        self._current[place] = unit
+
+    # ----- claiming ----------------------------------------------------------------------
+    def claim(self, place: str, claimed_before: int) -> int | None:
+        """The next unit of ``place`` for this consumer, or ``None`` when none is left.
+
+        ``claimed_before``: how many this consumer claimed of it before (a replay hands
+        out the recorded claim at that index).
+        """
+        if self._recorded is not None:
+            mine = self._recorded.get(place, [])
+            return mine[claimed_before] if claimed_before < len(mine) else None
+        count = len(self.units(place))
+        if not count:
+            return None
+        client = self.spec.client
+        assert client is not None
+        started = perf_counter()
+        unit = client.add(f"{self.spec.key}/next/{place}", 1) - 1
+        if unit < count:  # recorded before it is read: a checkpoint finds it
+            client.append(claims_key(self.spec.key, place, self.consumer), f"{unit},")
+            self.claimed += 1
+        self.wait_seconds += perf_counter() - started
+        return unit if unit < count else None
+
+    def note_reached(self, place: str, claims: list[int]) -> None:
+        """``claims`` (the source's own list, which grows) are the units it reached."""
+        self.reached[place] = claims
