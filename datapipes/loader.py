@@ -24,7 +24,7 @@ from datapipes.checkpoint import (  # noqa: F401 - re-exported
 from datapipes.dispatch import DEFAULT_UNIT_ITEMS, DynamicDispatch, check_dispatch
 from datapipes.drops import CarriedDrops
 from datapipes.epochs import EpochCursor, EpochRun
-from datapipes.even_batches import EvenBatchesPolicy
+from datapipes.even_batches import NO_GROUP, EvenBatchesPolicy
 from datapipes.listings import JobListings
 from datapipes.loader_stats import LoaderStats
 from datapipes.pipe import DataPipe
@@ -261,6 +261,13 @@ class Loader:
 
     def _build(self) -> Node[Any]:
         # The worker plan's graph, evened across ranks, under the Loader's statistics row.
+        if self._dispatch is not None and self.even_batches and self._even.group() is NO_GROUP:
+            raise ValueError(
+                "even_batches with dispatch='dynamic' needs torch.distributed: the ranks' "
+                "shares are only known as they are claimed, so they agree on the count as "
+                "they go (a gloo all_reduce). Initialize the process group, or pass "
+                "even_batches=False"
+            )
         context = self._context
         context.listings = self._listings.get(context)  # rank 0's, shared with the workers
         self._apply_plans(context)
