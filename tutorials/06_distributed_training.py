@@ -8,7 +8,8 @@
 # uneven JSONL shards and shows what `even_batches` does about them, reads a
 # 2 x 2 mesh (data parallel x tensor parallel) where both ranks of a
 # tensor-parallel group must see the same batches, checkpoints mid-epoch on
-# every rank, and evaluates on rank 0 alone.
+# every rank, evaluates on rank 0 alone, and lets a deliberately slow rank
+# read less with dynamic dispatch.
 #
 # For users of `DistributedSampler`: there is nothing to wrap and no
 # `set_epoch` to forget; the Loader finds the ranks itself and reshuffles
@@ -35,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -427,6 +429,58 @@ def evaluate_on_rank_0(folder: Path, model: torch.nn.Module) -> dict[str, Any] |
 
 
 # %% [markdown]
+# ## 6. A deliberately slow rank: dynamic dispatch
+#
+# DDP moves in lockstep: every step waits for every rank's batch, so a rank
+# that loads slowly sets the pace whoever reads which sample. Jobs whose ranks
+# progress on their own (scoring or embedding a dataset, inference,
+# preprocessing, asynchronous training) end when the *last* rank ends, and
+# with a fixed share each that is the slowest rank. `dispatch="dynamic"`
+# hands the epoch out in units (runs of `dispatch_unit_items` positions, or
+# files and file parts) through the store of the process group, to whichever
+# rank asks next: the slow rank simply asks less often. Every sample still
+# reaches exactly one rank, and a checkpoint (each rank's `state_dict()`,
+# merged) resumes what no rank delivered, on any number of ranks.
+#
+# Here rank 1 spends 4x longer per item. Each rank iterates alone
+# (`even_batches=False`: no step counts to agree on), first with static
+# dealing, then dynamic, and the ranks compare what they read.
+
+ITEMS = 480
+
+
+def score(i: int) -> int:
+    # Per-item work; rank 1 is slow (a busy disk, a noisy neighbour, heavier samples).
+    deadline = time.perf_counter() + (0.002 if dist.get_rank() == 1 else 0.0005)
+    while time.perf_counter() < deadline:
+        pass
+    return i
+
+
+# %%
+def slow_rank(dispatch: str) -> dict[str, Any]:
+    pipe = dp.range(ITEMS).shuffle().map(score)
+    loader = dp.Loader(pipe, seed=SEED, even_batches=False, dispatch=dispatch,
+                       dispatch_unit_items=16)  # fmt: skip
+    started = time.perf_counter()
+    mine = list(loader)
+    seconds = time.perf_counter() - started
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (mine, seconds))
+    read = [len(items) for items, _ in everyone]
+    assert sorted(i for items, _ in everyone for i in items) == list(range(ITEMS))  # once each
+    say(f"{dispatch}: items per rank {read}, the job took {max(t for _, t in everyone):.2f} s")
+    return {"read": read, "seconds": max(t for _, t in everyone)}
+
+
+def dynamic_dispatch() -> dict[str, Any]:
+    static, dynamic = slow_rank("static"), slow_rank("dynamic")
+    assert static["read"] == [ITEMS // NPROC] * NPROC  # a fixed share each
+    assert dynamic["read"][1] < min(n for r, n in enumerate(dynamic["read"]) if r != 1)
+    return {"static": static, "dynamic": dynamic}
+
+
+# %% [markdown]
 # ## The job: every rank's main, and the launcher
 #
 # `run_rank()` is what `torchrun` runs in each process. Started by the
@@ -458,6 +512,7 @@ def run_rank() -> None:
         }
         checkpoint_and_resume(folder, trained)
         result["eval"] = evaluate_on_rank_0(folder, trained["model"])
+        result["dispatch"] = dynamic_dispatch()
         out = folder / "out"
         out.mkdir(exist_ok=True)
         (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
@@ -482,6 +537,11 @@ def check_job(folder: Path) -> None:
     check_ddp(ranks, dataset)
     check_mesh(ranks, dataset)
     assert ranks[0]["eval"] == {"seen": EVAL_SIZE} and all(r["eval"] is None for r in ranks[1:])
+    timing = ranks[0]["dispatch"]
+    print(
+        f"a slow rank: the job took {timing['static']['seconds']:.2f} s with static shares, "
+        f"{timing['dynamic']['seconds']:.2f} s with dynamic dispatch"
+    )
     print(f"all checks passed across {NPROC} ranks")
 
 
