@@ -28,6 +28,9 @@ class StepStats:
     skipped: int
     #: What the skips lost: records, files, ranges, bytes (see ``Loader.losses()``).
     lost: dict[str, int] = field(default_factory=dict)
+    #: Under dynamic dispatch (a source): ``{"units": {consumer: units claimed},
+    #: "store_seconds": time spent on the store's claims}``; empty otherwise.
+    dispatch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def us_per_item(self) -> float:
@@ -88,6 +91,16 @@ class PipelineStats:
             header += ("lost",)
             rows = [(*row, _loss_text(step.lost)) for row, step in zip(rows, self.steps)]
         lines = _aligned([header, *rows])
+        for step in self.steps:
+            if step.dispatch:
+                units = ", ".join(
+                    f"{consumer}: {n}"
+                    for consumer, n in sorted(step.dispatch["units"].items(), key=_by_int)
+                )
+                lines.append(
+                    f"dynamic dispatch ({step.step}): units claimed by consumer {{{units}}}; "
+                    f"{step.dispatch['store_seconds']:.3f} s claiming them from the store"
+                )
         slowest = self.slowest()
         if slowest is not None:
             share = 100 * slowest.self_seconds / total
@@ -104,6 +117,10 @@ class PipelineStats:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _by_int(pair: tuple[str, Any]) -> int:
+    return int(pair[0])
 
 
 def _loss_text(lost: dict[str, int]) -> str:
@@ -150,6 +167,10 @@ def merge_rows(
             for name in ("items", "self_seconds", "wait_seconds", "skipped"):
                 into[name] += row[name]
             add_losses(into["lost"], row.get("lost", {}))
+            if "dispatch" in row:
+                mine = into.setdefault("merged_dispatch", {"units": {}, "store_seconds": 0.0})
+                mine["units"].update(row["dispatch"]["units"])
+                mine["store_seconds"] += row["dispatch"]["store_seconds"]
             if key not in seen:
                 processes[key] = processes.get(key, 0) + 1
                 seen.add(key)
@@ -163,6 +184,7 @@ def merge_rows(
             wait_seconds=row["wait_seconds"] / processes[key],
             skipped=row["skipped"],
             lost=row["lost"],
+            dispatch=row.get("merged_dispatch", {}),
         )
         for key, row in merged.items()
     ]

@@ -177,18 +177,20 @@ def graph_stats(root: Node | None) -> list[dict[str, Any]]:
         lost: dict[str, int] = {}
         for policy in policies:
             add_losses(lost, policy.losses())
-        rows.append(
-            {
-                "key": node.key,
-                "step": node.step,
-                "items": node.items,
-                "seconds": node.seconds,
-                "self_seconds": node.seconds - wait,
-                "wait_seconds": wait,
-                "skipped": skipped,
-                "lost": lost,
-            }
-        )
+        row = {
+            "key": node.key,
+            "step": node.step,
+            "items": node.items,
+            "seconds": node.seconds,
+            "self_seconds": node.seconds - wait,
+            "wait_seconds": wait,
+            "skipped": skipped,
+            "lost": lost,
+        }
+        for inner in mine:  # a source under dynamic dispatch: its claims and store time
+            if hasattr(inner, "dispatch_stats"):
+                row["dispatch"] = inner.dispatch_stats()
+        rows.append(row)
     rows.reverse()
     return rows
 

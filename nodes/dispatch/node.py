@@ -91,12 +91,18 @@ class DispatchedSourceNode(Node):
         elif claims:
             raise InvalidStateError(f"{path}.inner", "the source's state in its last unit", None)
 
+    def dispatch_stats(self) -> dict[str, Any]:
+        """For the statistics table: this consumer's units claimed and seconds on the store."""
+        d = self._dispatcher
+        return {"units": {str(d.consumer): d.claimed}, "store_seconds": d.wait_seconds}
+
     # ----- elastic resume: a checkpoint's remaining work ---------------------------------
     def last_origin(self) -> el.Origin:
         return self._inner.last_origin()
 
     def untouched(self) -> list[el.Piece]:
         """The rest of the unit being read; the units nobody reached are counted apart."""
+        self._dispatcher.note_live(self.place)
         if not self._was_reset:
             return []
         return self._inner.untouched() if self._claims else []  # type: ignore[attr-defined]
