@@ -166,3 +166,41 @@ def test_hf_batched_fetch_benchmark_reports_every_dataset_worker_and_batch(tmp_p
     ], out.read_text()
     for c in cells:
         assert RATIO.match(c[5]), c  # datapipes / DataLoader
+
+
+def test_dynamic_dispatch_benchmark_reports_balance_units_and_overhead(tmp_path: Path) -> None:
+    # benchmarks/dynamic_dispatch.py --quick: 3 rank processes on one TCPStore; it checks
+    # itself that every epoch delivered each item once (exit code), the test that every
+    # table has its rows and a ratio in each
+    out = tmp_path / "dispatch.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "dynamic_dispatch.py"), "--quick"]
+        + ["--workdir", str(tmp_path / "data"), "--markdown", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    markdown = out.read_text()
+    assert markdown in done.stdout  # printed and written alike
+
+    balance = table_rows(markdown, "Load balancing")
+    assert len(balance) == 2, balance
+    assert balance[0][0].startswith("range(") and " JSONL records in " in balance[1][0], balance
+    for row in balance:
+        assert RATIO.match(row[4]) and RATIO.match(row[5]), row  # static, dynamic / ideal
+        assert row[7] in ("PASS", "MISS"), row
+
+    units = table_rows(markdown, "Unit size")
+    assert [row[0] for row in units] == ["64", "256", "1,024", "4,096"], units
+    for row in units:
+        assert RATIO.match(row[3]) and RATIO.match(row[6]), row
+    claims = markdown.split("| one claim", 1)[1].splitlines()[2:4]
+    assert len(claims) == 2 and all(re.search(r"\| \d+ us \| \d+ us \|$", c) for c in claims)
+
+    overhead = table_rows(markdown, "Overhead")
+    assert [row[1] for row in overhead] == ["0", "2"], overhead
+    for row in overhead:
+        assert RATIO.match(row[4]) and RATIO.match(row[7]), row

@@ -1,0 +1,498 @@
+"""Dynamic dispatch: load balancing with a slow rank, overhead on one rank, the cost of a unit.
+
+Three measures, side by side in one run (``dp.Loader(..., dispatch="static" | "dynamic")``):
+
+* ``balance``: 3 ranks, real OS processes (spawned) sharing one ``TCPStore`` that this
+  process starts; each rank is ``dp.Loader(pipe, rank=r, world_size=3, dispatch=...,
+  store=..., even_batches=False)``, ``num_workers=0``. Every item costs a calibrated
+  sleep (``--fast-us``, default 200 us) and on rank 2 three times that (``--slow-us``,
+  600 us); the sleep is taken per batch of ``SLEEP_BATCH`` items (``len(batch) * cost``),
+  which a kernel timer keeps to within ~1%, where a 200 us sleep per item would overshoot
+  by a third. Two epochs: ``dp.range(N).shuffle()`` (units: runs of positions) and
+  ``--files`` JSONL files read with ``read_jsonl().map(features).shuffle(1,000)``
+  (units: whole files). The ranks start each epoch together (a barrier on the store);
+  the epoch's wall time is the slowest rank's. The ideal is the total work over the
+  total speed, computed from each rank's measured speed (items / seconds) in the static
+  runs: ``N / sum(speed)``. Goal: dynamic within 1.2x of the ideal.
+* ``overhead``: one rank, no skew: the JSONL pipeline of ``jsonl_pipeline.py`` (read ->
+  json -> map -> shuffle(10,000) -> batch(256) -> collate, its data and step functions),
+  static against dynamic at 0 and 2 workers, interleaved, best of ``--repeats``.
+  Goal: dynamic within 10% of static.
+* ``units``: the cost of one claim (a store ``add`` and an ``append``: two round trips)
+  from this process and from another process; the slow-rank ``range`` epoch at
+  ``dispatch_unit_items`` in {64, 256, 1024, 4096}; and one rank with no skew,
+  ``dp.range(--overhead-items).shuffle().batch(256)``, dynamic against static at each unit
+  size (what a unit costs next to reading it when the per-item work is nearly nothing).
+
+Every epoch is checked: each item delivered exactly once over the ranks (count, sum and
+sum of squares of the ids). Prints markdown tables of the ratios (``--markdown FILE``
+writes them too). Usage::
+
+    python benchmarks/dynamic_dispatch.py                 # ~4 minutes on 2 cores
+    python benchmarks/dynamic_dispatch.py --quick         # tiny sizes, 1 repeat (smoke test)
+    python benchmarks/dynamic_dispatch.py --only balance --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing as mp
+import platform
+import resource
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jsonl_pipeline as jp
+import torch
+import torch.distributed as dist
+
+import datapipes as dp
+from nodes.dispatch.store import StoreClient, address_of
+
+MEASURES = ("balance", "overhead", "units")
+WORLD = 3
+SLOW_RANK = 2
+SLEEP_BATCH = 32  # items per batch in the balance epochs: one sleep per batch
+FILE_BUFFER = 1_000
+UNIT_SIZES = (64, 256, 1024, 4096)
+BALANCE_GOAL = 1.2  # dynamic / ideal, at most
+OVERHEAD_GOAL = 1.10  # dynamic / static, at most
+CLAIMS = 2_000  # claims timed per claim-cost row
+
+
+@dataclass(frozen=True)
+class Job:
+    """One epoch that every rank reads: its source, dispatch mode and unit size."""
+
+    source: str  # "range" or "files"
+    mode: str  # "static" or "dynamic"
+    unit_items: int = 1024
+
+
+@dataclass
+class Plan:
+    """What the rank processes run, in order (the same list in each)."""
+
+    host: str
+    port: int
+    items: int
+    paths: list[str]
+    costs: list[float]  # seconds of sleep per item, by rank
+    jobs: list[Job] = field(default_factory=list)
+
+
+# ----- the pipelines ---------------------------------------------------------------------
+def id_batch(ids: list[int]) -> dict[str, torch.Tensor]:
+    return {"id": torch.tensor(ids)}
+
+
+def balance_pipe(job: Job, plan: Plan) -> dp.DataPipe[Any]:
+    """The same recipe on every rank (the slow rank's cost is in its training loop: a
+    step in the recipe would change its fingerprint, and with it the store's keys)."""
+    if job.source == "range":
+        pipe = dp.range(plan.items).shuffle().batch(SLEEP_BATCH, collate_fn=id_batch)
+    else:
+        pipe = dp.files(plan.paths).read_jsonl().map(jp.features).shuffle(FILE_BUFFER)
+        pipe = pipe.batch(SLEEP_BATCH, collate_fn=jp.collate)
+    return pipe
+
+
+def tally(batches: Iterator[dict[str, torch.Tensor]], cost: float = 0.0) -> tuple[int, int, int]:
+    """Items, sum of ids and sum of squared ids: three numbers that check exactly-once.
+
+    ``cost``: the simulated per-item work, seconds slept for each item of a batch.
+    """
+    count = total = squares = 0
+    for batch in batches:
+        ids = batch["id"].to(torch.int64)
+        if cost:
+            time.sleep(cost * len(ids))
+        count += len(ids)
+        total += int(ids.sum())
+        squares += int((ids * ids).sum())
+    return count, total, squares
+
+
+def expected_tally(ids: range) -> tuple[int, int, int]:
+    return len(ids), sum(ids), sum(i * i for i in ids)
+
+
+# ----- the rank processes ----------------------------------------------------------------
+def barrier(store: Any, name: str, world: int) -> None:
+    """Return when all ``world`` ranks reached ``name`` (the last one sets a key)."""
+    if store.add(f"bench/{name}/arrived", 1) == world:
+        store.set(f"bench/{name}/go", "1")
+    store.wait([f"bench/{name}/go"])
+
+
+def time_claims(client: StoreClient, key: str, count: int) -> dict[str, float]:
+    """Microseconds per ``add`` alone and per claim (``add`` + ``append``)."""
+    start = time.perf_counter()
+    for _ in range(count):
+        client.add(f"{key}/counter-only", 1)
+    add_only = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(count):
+        unit = client.add(f"{key}/next", 1) - 1
+        client.append(f"{key}/claims", f"{unit},")
+    claim = time.perf_counter() - start
+    return {"add": add_only / count * 1e6, "claim": claim / count * 1e6}
+
+
+def rank_main(rank: int, plan: Plan) -> None:
+    """One rank: read every job's epoch in turn, starting each with the others."""
+    torch.set_num_threads(1)
+    store = dist.TCPStore(plan.host, plan.port, is_master=False, wait_for_workers=False)
+    cost = plan.costs[rank]
+    for index, job in enumerate(plan.jobs):
+        pipe = balance_pipe(job, plan)
+        loader = dp.Loader(
+            pipe,
+            seed=0,
+            rank=rank,
+            world_size=WORLD,
+            even_batches=False,
+            dispatch=job.mode,
+            dispatch_unit_items=job.unit_items,
+            store=store if job.mode == "dynamic" else None,
+        )
+        gc.collect()
+        barrier(store, f"job{index}", WORLD)
+        start = time.perf_counter()
+        count, total, squares = tally(iter(loader), cost)
+        seconds = time.perf_counter() - start
+        loader.close()
+        result = {"seconds": seconds, "count": count, "sum": total, "squares": squares}
+        store.set(f"bench/result/{index}/{rank}", json.dumps(result))
+    barrier(store, "claims", WORLD)
+    if rank == 0:  # the cost of a claim from another process, the others idle
+        client = StoreClient(store, address_of(store, 60.0))
+        store.set("bench/claims/process", json.dumps(time_claims(client, "bench/c1", CLAIMS)))
+
+
+def run_ranks(plan: Plan, store: Any, timeout: float) -> list[list[dict[str, Any]]]:
+    """Start the rank processes, wait for them; each job's results by rank."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=rank_main, args=(r, plan), daemon=True) for r in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.join(max(1.0, deadline - time.monotonic()))
+    failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    if failed:
+        raise RuntimeError(f"rank processes failed or timed out (rank, exit code): {failed}")
+    return [
+        [json.loads(store.get(f"bench/result/{i}/{r}")) for r in range(WORLD)]
+        for i in range(len(plan.jobs))
+    ]
+
+
+# ----- balance and unit size: the slow-rank epochs ---------------------------------------
+def balance_jobs(repeats: int, unit_sizes: tuple[int, ...]) -> list[Job]:
+    """Interleaved: every repeat runs static and dynamic of each source, then each unit
+    size (the order reversed every other repeat, so neither mode always goes first)."""
+    jobs = []
+    for repeat in range(repeats):
+        turn = [Job("range", "static"), Job("range", "dynamic")]
+        turn += [Job("files", "static"), Job("files", "dynamic")]
+        turn += [Job("range", "dynamic", u) for u in unit_sizes if u != 1024]
+        jobs += turn[::-1] if repeat % 2 else turn
+    return jobs
+
+
+@dataclass
+class EpochStats:
+    """The best (shortest) epoch of a job over the repeats, and its ranks' numbers."""
+
+    seconds: float = float("inf")
+    per_rank_seconds: list[float] = field(default_factory=list)
+    per_rank_items: list[int] = field(default_factory=list)
+
+
+def summarize(
+    jobs: list[Job], results: list[list[dict[str, Any]]], expected: dict[str, tuple[int, ...]]
+) -> tuple[dict[Job, EpochStats], dict[str, float]]:
+    """Best epoch per job; each source's ideal from the ranks' best static speeds."""
+    best: dict[Job, EpochStats] = {}
+    speeds: dict[str, list[float]] = {}
+    for job, ranks in zip(jobs, results):
+        got = tuple(sum(r[k] for r in ranks) for k in ("count", "sum", "squares"))
+        if got != expected[job.source]:
+            raise AssertionError(f"{job}: not exactly once: {got} != {expected[job.source]}")
+        seconds = max(r["seconds"] for r in ranks)
+        stats = best.setdefault(job, EpochStats())
+        if seconds < stats.seconds:
+            stats.seconds = seconds
+            stats.per_rank_seconds = [r["seconds"] for r in ranks]
+            stats.per_rank_items = [r["count"] for r in ranks]
+        if job.mode == "static":
+            rank_speeds = [r["count"] / r["seconds"] for r in ranks]
+            old = speeds.get(job.source, [0.0] * WORLD)
+            speeds[job.source] = [max(a, b) for a, b in zip(old, rank_speeds)]
+    ideal = {source: expected[source][0] / sum(s) for source, s in speeds.items()}
+    return best, ideal
+
+
+def balance_table(
+    best: dict[Job, EpochStats], ideal: dict[str, float], labels: dict[str, str], nominal: float
+) -> str:
+    lines = [
+        "| epoch | ideal | static | dynamic | static / ideal | dynamic / ideal "
+        "| dynamic items by rank (rank 2 slow) | goal (dynamic <= 1.2x ideal) |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for source, label in labels.items():
+        static, dynamic = best[Job(source, "static")], best[Job(source, "dynamic")]
+        ratio = dynamic.seconds / ideal[source]
+        items = " / ".join(f"{n:,}" for n in dynamic.per_rank_items)
+        lines.append(
+            f"| {label} | {ideal[source]:.2f} s | {static.seconds:.2f} s "
+            f"| {dynamic.seconds:.2f} s | {static.seconds / ideal[source]:.2f}x "
+            f"| {ratio:.2f}x | {items} | {'PASS' if ratio <= BALANCE_GOAL else 'MISS'} |"
+        )
+    lines.append(
+        f"\nThe ideal is N / (sum of the ranks' speeds), the speeds measured in the static "
+        f"runs; from the nominal costs alone it is {nominal:.2f}x the range epoch's N x fast "
+        "cost / 3."
+    )
+    return "\n".join(lines)
+
+
+def unit_table(
+    best: dict[Job, EpochStats],
+    ideal: float,
+    items: int,
+    single: dict[int, float],
+    claim_us: dict[str, dict[str, float]],
+) -> str:
+    lines = [
+        "| unit items | units | slow-rank epoch | dynamic / ideal | finish spread "
+        "| slow rank's last unit | one rank, no skew: dynamic / static |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for unit in sorted(single):
+        stats = best[Job("range", "dynamic", unit)]
+        spread = max(stats.per_rank_seconds) - min(stats.per_rank_seconds)
+        lines.append(
+            f"| {unit:,} | {-(-items // unit):,} | {stats.seconds:.2f} s "
+            f"| {stats.seconds / ideal:.2f}x | {spread * 1e3:.0f} ms "
+            f"| {unit * SLOW_MULTIPLE * FAST_US / 1e3:.0f} ms | {single[unit]:.2f}x |"
+        )
+    lines += [
+        "",
+        "| one claim (store add + append) | add alone | add + append |",
+        "|---|---:|---:|",
+    ]
+    for where, us in claim_us.items():
+        lines.append(f"| {where} | {us['add']:.0f} us | {us['claim']:.0f} us |")
+    return "\n".join(lines)
+
+
+# Set by main() from the CLI (the unit table names the slow rank's time for one unit).
+FAST_US = 200.0
+SLOW_MULTIPLE = 3.0
+
+
+# ----- overhead: one rank, no skew -------------------------------------------------------
+def jsonl_loader(mode: str, workers: int, paths: list[str], pattern: str) -> Iterator[Any]:
+    pipe = dp.files(pattern).read_jsonl().map(jp.features).shuffle(jp.BUFFER)
+    pipe = pipe.batch(jp.BATCH, collate_fn=jp.collate)
+    return iter(dp.Loader(pipe, seed=0, dispatch=mode, num_workers=workers))
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (DataLoader workers, once joined)."""
+    me, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def overhead_rows(
+    paths: list[str], pattern: str, worker_counts: tuple[int, ...], repeats: int
+) -> list[tuple[int, dict[str, float]]]:
+    """Best wall and CPU seconds of static and dynamic at each worker count: the modes take
+    turns (reversed every other repeat); every pass must give the same records."""
+    rows = []
+    for workers in worker_counts:
+        best = {f"{m} {k}": float("inf") for m in ("static", "dynamic") for k in ("wall", "cpu")}
+        seen = {}
+        for repeat in range(repeats):
+            modes = ("static", "dynamic") if repeat % 2 == 0 else ("dynamic", "static")
+            for mode in modes:
+                gc.collect()
+                cpu = cpu_seconds()
+                wall, count, id_sum = jp.run_once(
+                    partial(jsonl_loader, mode, workers), paths, pattern
+                )
+                best[f"{mode} cpu"] = min(best[f"{mode} cpu"], cpu_seconds() - cpu)
+                best[f"{mode} wall"] = min(best[f"{mode} wall"], wall)
+                seen[mode] = (count, id_sum)
+        assert seen["static"] == seen["dynamic"], f"the modes read other records: {seen}"
+        print(f"  jsonl, {workers} workers: {best}", flush=True)
+        rows.append((workers, best))
+    return rows
+
+
+def range_pass(mode: str, unit_items: int, items: int) -> float:
+    pipe = dp.range(items).shuffle().batch(jp.BATCH)
+    loader = dp.Loader(pipe, seed=0, dispatch=mode, dispatch_unit_items=unit_items)
+    gc.collect()
+    start = time.perf_counter()
+    count = sum(len(batch) for batch in loader)
+    seconds = time.perf_counter() - start
+    loader.close()
+    assert count == items, (mode, unit_items, count)
+    return seconds
+
+
+def single_rank_units(items: int, repeats: int) -> dict[int, float]:
+    """dynamic / static seconds (best of ``repeats``, interleaved) at each unit size."""
+    static = float("inf")
+    dynamic = dict.fromkeys(UNIT_SIZES, float("inf"))
+    for _ in range(repeats):
+        static = min(static, range_pass("static", 1024, items))
+        for unit in UNIT_SIZES:
+            dynamic[unit] = min(dynamic[unit], range_pass("dynamic", unit, items))
+    return {unit: seconds / static for unit, seconds in dynamic.items()}
+
+
+def overhead_table(rows: list[tuple[int, dict[str, float]]], records: int, mb: float) -> str:
+    lines = [
+        "| pipeline | workers | static | dynamic | dynamic / static | CPU: static | CPU: dynamic "
+        "| CPU: dynamic / static | goal (wall <= 1.10x) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for workers, best in rows:
+        ratio = best["dynamic wall"] / best["static wall"]
+        cpu_ratio = best["dynamic cpu"] / best["static cpu"]
+        lines.append(
+            f"| JSONL {mb:.0f} MB, {records:,} records | {workers} "
+            f"| {best['static wall']:.3f} s | {best['dynamic wall']:.3f} s | {ratio:.2f}x "
+            f"| {best['static cpu']:.3f} s | {best['dynamic cpu']:.3f} s | {cpu_ratio:.2f}x "
+            f"| {'PASS' if ratio <= OVERHEAD_GOAL else 'MISS'} |"
+        )
+    return "\n".join(lines)
+
+
+# ----- main ------------------------------------------------------------------------------
+@dataclass
+class Sizes:
+    items: int = 36_000  # range epoch of the slow-rank runs
+    files_mb: int = 8  # JSONL of the slow-rank runs (~40,000 records)
+    files: int = 24
+    overhead_mb: int = 64
+    overhead_items: int = 2_000_000
+    workers: tuple[int, ...] = (0, 2)
+
+
+QUICK = Sizes(
+    items=3_000, files_mb=1, files=12, overhead_mb=2, overhead_items=100_000, workers=(0, 2)
+)
+
+
+def header() -> str:
+    return (
+        f"Machine: {platform.processor() or platform.machine()}, "
+        f"{mp.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and 1 repeat")
+    parser.add_argument("--repeats", type=int, default=None, help="best of (3; quick: 1)")
+    parser.add_argument("--only", default=",".join(MEASURES), help="comma-separated measures")
+    parser.add_argument("--fast-us", type=float, default=200.0, help="per-item cost, ranks 0-1")
+    parser.add_argument("--slow-us", type=float, default=600.0, help="per-item cost, rank 2")
+    parser.add_argument("--items", type=int, default=None, help="range epoch of the ranks")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the JSONL is cached")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the tables here")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the ranks")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else Sizes()
+    if args.items:
+        sizes.items = args.items
+    repeats = args.repeats or (1 if args.quick else 3)
+    only = set(args.only.split(","))
+    if only - set(MEASURES):
+        parser.error(f"--only takes some of {MEASURES}")
+    global FAST_US, SLOW_MULTIPLE
+    FAST_US, SLOW_MULTIPLE = args.fast_us, args.slow_us / args.fast_us
+
+    def data(mb: int, shards: int) -> tuple[dict[str, Any], list[str], str]:
+        name = f"dispatch-{mb}mb-{shards}shards"
+        directory = args.workdir / name if args.workdir else jp.default_workdir(name)
+        manifest = jp.generate_shards(directory, mb, shards, seed=0)
+        return manifest, [str(directory / f) for f in manifest["files"]], str(directory / "*.jsonl")
+
+    sections = [header()]
+    if only & {"balance", "units"}:
+        manifest, paths, _ = data(sizes.files_mb, sizes.files)
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        costs = [args.fast_us * 1e-6] * WORLD
+        costs[SLOW_RANK] = args.slow_us * 1e-6
+        units = UNIT_SIZES if "units" in only else (1024,)
+        plan = Plan("127.0.0.1", store.port, sizes.items, paths, costs)
+        plan.jobs = balance_jobs(repeats, units)
+        print(f"{len(plan.jobs)} epochs on {WORLD} rank processes ...", flush=True)
+        results = run_ranks(plan, store, args.timeout)
+        expected = {
+            "range": expected_tally(range(sizes.items)),
+            "files": expected_tally(range(manifest["records"])),
+        }
+        best, ideal = summarize(plan.jobs, results, expected)
+        nominal_rate = sum(1 / c for c in costs)
+        nominal = (sizes.items / nominal_rate) / (sizes.items * costs[0] / WORLD)
+        labels = {
+            "range": f"range({sizes.items:,}).shuffle()",
+            "files": f"{manifest['records']:,} JSONL records in {sizes.files} files",
+        }
+        sections.append(
+            f"## Load balancing\n\n{WORLD} rank processes, one TCPStore, num_workers=0; "
+            f"{args.fast_us:.0f} us per item, rank {SLOW_RANK} {args.slow_us:.0f} us; "
+            f"dispatch_unit_items=1024; best of {repeats}, interleaved.\n\n"
+            + balance_table(best, ideal, labels, nominal)
+        )
+        if "units" in only:
+            client = StoreClient(store, address_of(store, 60.0))
+            claim_us = {
+                "this process (the store's host)": time_claims(client, "bench/c0", CLAIMS),
+                "another process": json.loads(store.get("bench/claims/process")),
+            }
+            single = single_rank_units(sizes.overhead_items, repeats)
+            sections.append(
+                f"## Unit size\n\nSlow-rank epoch: range({sizes.items:,}).shuffle() on "
+                f"{WORLD} ranks as above; finish spread = last rank's epoch - first rank's. "
+                f"One rank, no skew: range({sizes.overhead_items:,}).shuffle().batch(256), "
+                f"best of {repeats}. A claim timed {CLAIMS:,} times.\n\n"
+                + unit_table(best, ideal["range"], sizes.items, single, claim_us)
+            )
+    if "overhead" in only:
+        manifest, paths, pattern = data(sizes.overhead_mb, 16)
+        rows = overhead_rows(paths, pattern, sizes.workers, repeats)
+        mb = sum(manifest["sizes"]) / 2**20
+        sections.append(
+            f"## Overhead\n\nOne rank, no skew: read -> json -> map -> shuffle({jp.BUFFER:,}) -> "
+            f"batch({jp.BATCH}) -> collate over 16 JSONL files, best of {repeats}, "
+            "interleaved.\n\n" + overhead_table(rows, manifest["records"], mb)
+        )
+    text = "\n\n".join(sections) + "\n"
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
