@@ -29,6 +29,7 @@ from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.dispatch.dispatcher import recorded_claims
 from nodes.dispatch.store import StoreAddress, StoreClient, address_of
+from nodes.errors import InvalidStateError
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
@@ -103,10 +104,14 @@ class DynamicDispatch:
         epoch_work(self._pipe, Context(seed=seed))  # refusals now, not at the first epoch
         self._own_store = None
         self.client = self._client(store, topology, num_workers, timeout)
-        # Every rank's Loader adds one: ranks that make their Loaders in the same order
-        # (the usual SPMD program) agree on the run's number without talking.
-        made = self.client.add(f"datapipes/{pipe.fingerprint()}/loaders", 1)
-        self.run = f"datapipes/{pipe.fingerprint()}/{(made - 1) // topology.world_size}"
+        # Each rank counts the Loaders of this recipe and world size it made: ranks that make
+        # their Loaders in the same order (the usual SPMD program) agree on the run's number
+        # without talking, however fast each rank gets there, and Loaders of another world
+        # size (a rank-0-only one, a job simulated in one process) do not shift it. Counted
+        # in the store, so a job restarted on a store that outlived it gets new keys.
+        jobs = f"datapipes/{pipe.fingerprint()}/{topology.world_size}x"
+        made = self.client.add(f"{jobs}/loaders/{topology.rank}", 1)
+        self.run = f"{jobs}/{made - 1}"
         self._attempts: dict[int, int] = {}
         self._base: tuple[int, el.Work] | None = None
         self.spec: DispatchSpec | None = None
@@ -170,10 +175,21 @@ class DynamicDispatch:
     def record(self, epoch: int, consumers: Iterable[int]) -> dict[str, Any] | None:
         """The checkpoint's record of ``epoch`` (or of the one before, which a rank at the
         start of the next still tells): every unit each of ``consumers`` claimed."""
-        spec = self.spec
+        spec, base = self.spec, self._base
+        if base is not None and base[0] == epoch and (spec is None or spec.epoch != epoch):
+            # Resumed, not iterated yet: the checkpoint's remaining work, none of it claimed
+            # (without this record the state would read as the epoch's start).
+            return {
+                "epoch": epoch,
+                "key": f"{self.run}/{epoch}/0",
+                "consumers": self.consumers,
+                "unit_items": self.unit_items,
+                "work": base[1],
+                "claims": {str(c): {place: [] for place in base[1]} for c in consumers},
+            }
         if spec is None or spec.epoch not in (epoch, epoch - 1):
             return None
-        resumed = self._base is not None and self._base[0] == spec.epoch
+        resumed = base is not None and base[0] == spec.epoch
         return {
             "epoch": spec.epoch,
             "key": spec.key,
@@ -201,11 +217,23 @@ class ReplayDispatch:
     ``records``: every rank's record of the epoch (``None`` for a rank that has
     none). Each consumer's graph gets a :class:`nodes.dispatch.Dispatcher` that
     replays its recorded claims; afterwards :meth:`unreached` is the work of
-    the units no consumer reached.
+    the units no consumer reached. Records that disagree, name units or places
+    the epoch does not have, or hand one unit to two consumers are refused
+    (:class:`InvalidStateError` naming the field): a replay of them would
+    deliver items twice or never.
     """
 
     def __init__(self, records: list[dict[str, Any]], whole_epoch: el.Work) -> None:
         first = records[0]
+        setup = ("key", "consumers", "unit_items", "work")
+        for record in records[1:]:
+            for name in setup:
+                if record[name] != first[name]:
+                    raise InvalidStateError(
+                        f"ranks[...].dispatch.{name}",
+                        "the same value in every rank's record of the epoch",
+                        record[name],
+                    )
         self.spec = DispatchSpec(
             None,
             first["key"],
@@ -217,7 +245,14 @@ class ReplayDispatch:
         self._recorded: dict[int, dict[str, list[int]]] = {}
         for record in records:
             for consumer, claims in record["claims"].items():
+                if int(consumer) in self._recorded:
+                    raise InvalidStateError(
+                        f"ranks[...].dispatch.claims[{consumer!r}]",
+                        "each consumer's claims in one rank's record",
+                        "a second record",
+                    )
                 self._recorded[int(consumer)] = claims
+        self._check_claims()
         self._dispatchers: dict[int, Dispatcher] = {}
         self._finished: set[int] = set()
         #: Whether any unit was claimed, or the epoch was a resumed one's rest (then its
@@ -225,6 +260,30 @@ class ReplayDispatch:
         self.started = first["work"] is not None or any(
             units for claims in self._recorded.values() for units in claims.values()
         )
+
+    def _check_claims(self) -> None:
+        """Every claim names a unit of the epoch's work, and no unit is claimed twice."""
+        any_dispatcher = Dispatcher(self.spec, -1)
+        owner: dict[tuple[str, int], int] = {}
+        for consumer, claims in sorted(self._recorded.items()):
+            for place, units in claims.items():
+                where = f"ranks[...].dispatch.claims[{str(consumer)!r}][{place!r}]"
+                if place not in self.spec.work:
+                    raise InvalidStateError(where, "a source of the epoch's work", place)
+                try:
+                    count = len(any_dispatcher.units(place))
+                except (KeyError, TypeError, ValueError, IndexError) as error:
+                    raise InvalidStateError(
+                        "ranks[...].dispatch.work", "the epoch's work by source", "?",
+                        note=f"cutting it into units failed: {type(error).__name__}: {error}",
+                    ) from error  # fmt: skip
+                if len(set(units)) != len(units):
+                    raise InvalidStateError(where, "units claimed once in the epoch", units)
+                for unit in units:
+                    if not 0 <= unit < count:
+                        raise InvalidStateError(where, f"units in [0, {count})", unit)
+                    if owner.setdefault((place, unit), consumer) != consumer:
+                        raise InvalidStateError(where, "units claimed once in the epoch", unit)
 
     def for_consumer(self, consumer: int) -> Dispatcher:
         dispatcher = Dispatcher(self.spec, consumer, recorded=self._recorded.get(consumer, {}))
@@ -243,8 +302,12 @@ class ReplayDispatch:
                 for place, units in claims.items():
                     reached.setdefault(place, set()).update(units)
         for consumer, dispatcher in self._dispatchers.items():
-            if consumer not in self._finished:
-                for place, units in dispatcher.reached.items():
+            if consumer in self._finished:
+                continue
+            for place, units in self._recorded.get(consumer, {}).items():
+                if place in dispatcher.live:  # what its state had reached
+                    reached.setdefault(place, set()).update(dispatcher.reached.get(place, []))
+                else:  # an input its graph had finished (a concat's earlier one): read whole
                     reached.setdefault(place, set()).update(units)
         work: el.Work = {}
         any_dispatcher = Dispatcher(self.spec, -1)

@@ -23,6 +23,7 @@ from typing import Any
 from nodes.dispatch.store import StoreClient
 from nodes.dispatch.units import units_of
 from nodes.elastic import Piece, Work
+from nodes.errors import InvalidStateError
 
 
 @dataclass
@@ -69,6 +70,9 @@ class Dispatcher:
         self._current: dict[str, int] = {}
         #: The claims each source reached (its own list, which grows), by place.
         self.reached: dict[str, list[int]] = {}
+        #: The places whose source a replay asked for its untouched data: the inputs the
+        #: consumer's graph had not finished (a concat's earlier inputs are not asked).
+        self.live: set[str] = set()
         #: Units claimed through the store, and the seconds those claims took.
         self.claimed = 0
         self.wait_seconds = 0.0
@@ -121,5 +125,21 @@ class Dispatcher:
         return unit if unit < count else None
 
     def note_reached(self, place: str, claims: list[int]) -> None:
-        """``claims`` (the source's own list, which grows) are the units it reached."""
+        """``claims`` (the source's own list, which grows) are the units it reached.
+
+        Replaying a checkpoint, they must be the first of the consumer's recorded claims
+        (the store records each claim before its unit is read).
+        """
+        if self._recorded is not None:
+            mine = self._recorded.get(place, [])
+            if claims != mine[: len(claims)]:
+                raise InvalidStateError(
+                    "node.claims",
+                    f"the first claims of consumer {self.consumer}'s dispatch record {mine}",
+                    claims,
+                )
         self.reached[place] = claims
+
+    def note_live(self, place: str) -> None:
+        """The source at ``place`` was asked what it had not read: its input was not done."""
+        self.live.add(place)
