@@ -83,6 +83,7 @@ class SequenceNode(Node):
         self._it: Iterator[Any] = NotReset(self)
         self._start = 0
         self._plan: list[el.Piece] | None = None
+        self._permutation_cache: tuple[list[int], IndexPermutation] | None = None
         self._was_reset = False
         self._getitems = batched_getter(seq)
         self._get_columns = column_getter(seq) if self._getitems else None
@@ -133,10 +134,7 @@ class SequenceNode(Node):
             self._counter.__setstate__(self._start)
             it = self._counter if is_range else map(self._seq.__getitem__, self._counter)
         else:
-            self._permutation = None
-            if self._shuffle_key is not None:
-                key = self._ctx.random_key(*self._shuffle_key, seed=self._shuffle_seed)
-                self._permutation = IndexPermutation(len(self._seq), key)
+            self._permutation = self._epoch_permutation()
             self._block_it = None
             it = chain.from_iterable(self._shuffled_blocks(self._start))
             if not is_range:
@@ -144,6 +142,18 @@ class SequenceNode(Node):
         for fn in self._fns:
             it = map(fn, it)
         self._it = it
+
+    def _epoch_permutation(self) -> IndexPermutation | None:
+        """The epoch's global shuffle (``None``: none), kept while its key stays the same:
+        dynamic dispatch resets the node once per unit, and a permutation of up to 65,536
+        items is drawn whole."""
+        if self._shuffle_key is None:
+            return None
+        key = self._ctx.random_key(*self._shuffle_key, seed=self._shuffle_seed)
+        cached = self._permutation_cache
+        if cached is None or cached[0] != key:
+            cached = self._permutation_cache = (key, IndexPermutation(len(self._seq), key))
+        return cached[1]
 
     @property
     def can_fetch_in_chunks(self) -> bool:
@@ -164,10 +174,7 @@ class SequenceNode(Node):
             self._keys = iter(range(c, len(self._seq), total))
             self._keys.__setstate__(self._start)  # type: ignore[attr-defined]
         else:
-            self._permutation = None
-            if self._shuffle_key is not None:
-                key = self._ctx.random_key(*self._shuffle_key, seed=self._shuffle_seed)
-                self._permutation = IndexPermutation(len(self._seq), key)
+            self._permutation = self._epoch_permutation()
             blocks = self._shuffled_blocks(self._start, _FETCH_KEY_BLOCK)
             self._keys = chain.from_iterable(blocks)
         # position() = keys taken - keys of the current chunk not handed out yet
