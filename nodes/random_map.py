@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from nodes.base import Context, Node, NotReset, State
+from nodes.base import Context, Node, State
 from nodes.rng import stable_hash
+from nodes.transforms import StatelessStep
 
 Origin = tuple[Any, ...]  # (source place, canonical ints or strings...)
 OriginReader = Callable[[], Origin]
@@ -67,7 +68,7 @@ class RandomMapError(ValueError):
     """A ``random_map`` sits where it cannot know which item it is given."""
 
 
-class RandomMapNode(Node):
+class RandomMapNode(StatelessStep):
     """``fn(item, rng)`` (or ``fn(item)`` under seeded global RNGs) for every item.
 
     ``rng`` is a ``numpy.random.Generator`` over a Philox counter-based bit
@@ -108,9 +109,7 @@ class RandomMapNode(Node):
         seed: int | None = None,
         global_rng: bool | str | Sequence[str] = False,
     ) -> None:
-        super().__init__(upstream)
-        self._up = upstream
-        self._fn = fn
+        super().__init__(upstream, fn)
         self._ctx = ctx
         self._key = key
         self._seed = seed
@@ -124,7 +123,6 @@ class RandomMapNode(Node):
         self._counter = np.zeros(4, dtype=np.uint64)
         self._rng_refs, self._bg_refs = self._count_references()
         self._warned_thread = False
-        self._it: Any = NotReset(self)
 
     def reset(self, state: State | None = None) -> None:
         self._up.reset(state)
@@ -136,22 +134,6 @@ class RandomMapNode(Node):
         self._philox_key = words
         call = self._call_global if self._global else self._call
         self._it = map(call, iter(self._up))
-
-    def __next__(self) -> Any:
-        return next(self._it)
-
-    def __iter__(self) -> Any:
-        return self._it
-
-    def state_dict(self) -> State:
-        return self._up.state_dict()
-
-    @classmethod
-    def upstream_states(cls, state: State) -> list[tuple[int, State]]:
-        return [(0, state)]  # its state is its input's
-
-    def validate_state(self, state: Any, path: str = "node") -> None:
-        self._up.validate_state(state, path)
 
     # ----- the per-item RNG -----------------------------------------------------------------
     def _seeded(self) -> np.random.BitGenerator:

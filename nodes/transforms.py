@@ -23,8 +23,11 @@ from nodes.state_checks import at, expect_bool, expect_int, expect_keys
 _END = object()
 
 
-class _StatelessStep(Node):
-    """A step with no position of its own, run by a built-in (C) iterator; state is upstream's."""
+class StatelessStep(Node):
+    """A step with no position of its own, run by a built-in (C) iterator; state is upstream's.
+
+    Subclasses give ``_chain`` (or their own ``reset``) and keep ``self._it`` the chain.
+    """
 
     elastic = "transparent"
 
@@ -58,7 +61,7 @@ class _StatelessStep(Node):
         self._up.validate_state(state, path)  # its state is its input's, whatever it holds
 
 
-class MapNode(_StatelessStep):
+class MapNode(StatelessStep):
     """Applies ``fn`` to every item."""
 
     kind = "map"
@@ -66,7 +69,7 @@ class MapNode(_StatelessStep):
     _chain = staticmethod(map)  # type: ignore[assignment]
 
 
-class FilterNode(_StatelessStep):
+class FilterNode(StatelessStep):
     """Keeps the items for which the predicate ``fn`` is true."""
 
     kind = "filter"
