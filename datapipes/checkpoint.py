@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from datapipes.checkpoint_schema import check_envelope, node_digest, node_state, rank_path
 from nodes import Context, Node
+from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.errors import InvalidStateError, StateMismatchError  # noqa: F401 - re-exported
 from nodes.even import EvenBatchesNode
 from nodes.stats import StatsNode
@@ -219,6 +220,8 @@ def _worker_record(node: WorkerStreamNode) -> dict[str, Any]:
         seed=dataset.seed,
         stats=dataset.stats,
     )
+    if getattr(dataset, "dispatch_spec", None) is not None:  # dynamic dispatch: as the workers
+        ctx.dispatch = Dispatcher(DispatchSpec(None, "", -1, 1, 1), 0)
     root = dataset.pipe.build(ctx)
     try:
         return graph_record(root, dataset.pipe)

@@ -296,6 +296,16 @@ class ReplayDispatch:
 
     def unreached(self) -> el.Work:
         """The units no consumer reached: the epoch's work that was never handed out."""
+        work: el.Work = {}
+        any_dispatcher = Dispatcher(self.spec, -1)
+        for place, left in self.unreached_units().items():
+            units = any_dispatcher.units(place)
+            pieces = [piece for index in left for piece in units[index]]
+            el.add_work(work, place, self.spec.work[place]["kind"], pieces)
+        return work
+
+    def unreached_units(self) -> dict[str, list[int]]:
+        """The indices of the units no consumer reached, per source place (after the replay)."""
         reached: dict[str, set[int]] = {}
         for consumer, claims in self._recorded.items():
             if consumer in self._finished or consumer not in self._dispatchers:
@@ -309,14 +319,12 @@ class ReplayDispatch:
                     reached.setdefault(place, set()).update(dispatcher.reached.get(place, []))
                 else:  # an input its graph had finished (a concat's earlier one): read whole
                     reached.setdefault(place, set()).update(units)
-        work: el.Work = {}
         any_dispatcher = Dispatcher(self.spec, -1)
-        for place, entry in self.spec.work.items():
-            units = any_dispatcher.units(place)
+        left: dict[str, list[int]] = {}
+        for place in self.spec.work:
             done = reached.get(place, set())
-            pieces = [p for i, unit in enumerate(units) if i not in done for p in unit]
-            el.add_work(work, place, entry["kind"], pieces)
-        return work
+            left[place] = [i for i in range(len(any_dispatcher.units(place))) if i not in done]
+        return left
 
 
 __all__ = [

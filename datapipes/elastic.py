@@ -167,6 +167,7 @@ def remaining_work(
     state: dict[str, Any],
     listings: Listings | None = None,
     drops: dict[str, int] | None = None,
+    replays: list[ReplayDispatch] | None = None,
 ) -> tuple[int, el.Work | None]:
     """``(epoch, remaining work)`` of a (checked) state that covers every rank of its job.
 
@@ -177,12 +178,16 @@ def remaining_work(
     no exact answer. ``drops``, when given, receives what the DataLoader workers
     that had ended their share dropped (``batch(drop_last=True)``), which no
     rank's entry can say for sure (a count taken mid-epoch may be read-ahead).
+    ``replays``, when given, receives the replay of a dynamically dispatched epoch
+    (:class:`datapipes.dispatch.ReplayDispatch`: which units no consumer reached).
     """
     ranks = checkpoint.with_idle_ranks(state)["ranks"]
     epoch = resume_epoch(ranks)
     setup = checkpoint.saved_setup(state)
     works = []
     replay = _replay_dispatch(pipe, setup, ranks, epoch, listings)
+    if replay is not None and replays is not None:
+        replays.append(replay)
     started = replay is not None and replay.started
     for rank in sorted(ranks, key=int):
         entry = ranks[rank]

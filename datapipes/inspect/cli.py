@@ -14,6 +14,12 @@ state that covers its job, the report then says how much of the interrupted
 epoch remains, per source, and with ``--world-size``/``--num-workers`` how it
 would be dealt to the consumers of that topology.
 
+A state taken under ``dp.Loader(..., dispatch="dynamic")`` shows, per rank, its
+dispatch record (the epoch, the unit size, the units each consumer claimed), and
+its graphs are built as that Loader built them (each source reading the units
+it claimed); with ``--recipe`` the job's part also says how many units each
+source had and how many no consumer reached (a resume hands those out whole).
+
 Exit status: 0 ok; 1 a recipe that cannot resume, no Loader state, states of one
 job that do not merge, or a deal asked for (``--world-size``/``--num-workers``)
 that cannot be told; 2 a usage error.
@@ -35,6 +41,7 @@ from typing import Any
 
 from datapipes import checkpoint
 from datapipes.checkpoint import decode_state, saved_setup, top_level
+from datapipes.inspect.dispatch import record_problems
 from datapipes.inspect.job import elastic_report, gather
 from datapipes.inspect.load import CheckpointError, load_checkpoint
 from datapipes.inspect.render import as_json, render, shared_graph
@@ -43,6 +50,7 @@ from datapipes.loader import Loader, StateMismatchError
 from datapipes.pipe import DataPipe
 from nodes import FileListNode, FileReaderNode, Node
 from nodes import torchdata_adapter as torchdata
+from nodes.dispatch import DispatchedSourceNode
 
 
 def _count(minimum: int) -> Any:
@@ -144,7 +152,7 @@ def check_state(state: dict[str, Any]) -> list[str]:
         checkpoint.check_shape(state)
     except StateMismatchError as error:
         return [str(error)]
-    return []
+    return record_problems(checkpoint.with_idle_ranks(state)["ranks"])
 
 
 # ----- --recipe: loading it -------------------------------------------------------------
@@ -302,7 +310,12 @@ def _check_tree(where: str, node_state: Any, graph: RecipeGraph) -> list[str]:
                 problem = _check_resume(worker_graph.root, dataset.get("node"))
                 if problem:
                     problems.append(f"{worker}: {problem}")
-        elif isinstance(node := graph.node(level), FileReaderNode | FileListNode):
+        elif isinstance(node := graph.node(level), DispatchedSourceNode):
+            try:  # its claims; this also points the source below at its last unit
+                node.validate_state(level.state, "node")
+            except Exception as error:  # noqa: BLE001 - a damaged record or state: a problem
+                problems.append(f"{where}, {level.steps}: {error}")
+        elif isinstance(node, FileReaderNode | FileListNode):
             problem = _check_files(node, level.state)
             if problem:
                 problems.append(f"{where}, {level.steps}: {problem}")

@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 
 from datapipes import elastic
 from datapipes.checkpoint import check_shape, find_loader_states, saved_setup, with_idle_ranks
+from datapipes.dispatch import ReplayDispatch, epoch_work
+from datapipes.inspect.dispatch import job_units, rank_record, record_summary, unit_counts
 from datapipes.pipe import DataPipe
 from datapipes.placement import split_main_steps
 from nodes import Context
@@ -256,6 +258,10 @@ def elastic_report(
     report["rank_status"] = {
         rank: _rank_status(ranks[rank], epoch) for rank in sorted(ranks, key=int)
     }
+    same_recipe = pipe is not None and pipe.fingerprint() == state["fingerprint"]
+    dispatch = dispatch_ranks(state, pipe if same_recipe else None)
+    if dispatch:
+        report["dispatch"] = {"ranks": dispatch}
     asked = world_size is not None or num_workers is not None
     target = {
         "world_size": setup["world_size"] if world_size is None else world_size,
@@ -315,11 +321,17 @@ def _remaining(
     report: dict[str, Any], pipe: DataPipe[Any], state: dict[str, Any], epoch: int
 ) -> None:
     """The remaining work of the job's (first unfinished) epoch, per source."""
+    replays: list[ReplayDispatch] = []
     try:
-        at, work = elastic.remaining_work(pipe, state)
+        at, work = elastic.remaining_work(pipe, state, replays=replays)
     except InvalidStateError as error:
         raise StateMismatchError(str(error)) from error
     labels = source_labels(pipe, state, at)
+    if replays:  # a dynamic epoch: its units, and those no consumer reached
+        records = [r for e in state["ranks"].values() if (r := rank_record(e)) is not None]
+        records = [r for r in records if r["epoch"] == at]
+        dispatch = report.setdefault("dispatch", {"ranks": {}})
+        dispatch.update(epoch=at, sources=job_units(replays[0], records, labels))
     if work is None:
         report["remaining"] = {"epoch": at, "whole_epoch": True, "sources": []}
         return
@@ -380,6 +392,37 @@ def _sources(work: el.Work | None, labels: dict[str, str]) -> list[dict[str, Any
         _source_row(place, labels, e)
         for place, e in sorted(work.items(), key=lambda kv: labels.get(kv[0], kv[0]))
     ]
+
+
+def dispatch_ranks(state: dict[str, Any], pipe: DataPipe[Any] | None) -> dict[str, Any]:
+    """Each rank's dispatch record (dynamic dispatch) as plain data, by rank; with the recipe
+    (``pipe``, the state's) also how many units each source had. A damaged record is a
+    ``problem``, never an exception."""
+    out: dict[str, Any] = {}
+    whole: dict[int, Any] = {}  # the whole work of an epoch, worked out once
+    named: dict[int, dict[str, str]] = {}  # and its sources' labels
+    for rank, entry in sorted(state["ranks"].items(), key=lambda kv: int(kv[0])):
+        record = rank_record(entry)
+        if record is None:
+            continue
+        labels: dict[str, str] = {}
+        units: dict[str, int] | None = None
+        if pipe is not None:
+            try:
+                epoch = record["epoch"]
+                if epoch not in named:
+                    named[epoch] = source_labels(pipe, state, epoch)
+                labels = named[epoch]
+                if record["work"] is None and epoch not in whole:
+                    setup = saved_setup(state)
+                    part = split_main_steps(pipe)[0] if setup["num_workers"] else pipe
+                    whole[epoch] = epoch_work(part, Context(epoch=epoch, seed=setup["seed"]))
+                units = unit_counts(record, whole.get(epoch))
+            except Exception as error:  # noqa: BLE001 - shown as the record's problem
+                out[rank] = {"problem": f"cutting its epoch into units failed: {error}"}
+                continue
+        out[rank] = record_summary(record, labels, units)
+    return out
 
 
 def source_labels(pipe: DataPipe[Any], state: dict[str, Any], epoch: int) -> dict[str, str]:

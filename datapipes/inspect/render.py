@@ -12,6 +12,7 @@ import reprlib
 from typing import Any
 
 from datapipes.checkpoint import STATE_VERSION, decode_state
+from datapipes.inspect.dispatch import record_summary, record_text
 from datapipes.inspect.job import plans_summary, ranks_text
 from datapipes.inspect.tree import Level, RecipeGraph, recipe_graph
 from datapipes.pipe import DataPipe
@@ -141,6 +142,14 @@ def _note(level: Level, graph: RecipeGraph) -> str:
         except (KeyError, TypeError, ValueError):
             return ""
         return f"; a resume re-reads {replay} items from the anchor"
+    if level.kind == "dispatched source":
+        claims = state.get("claims")
+        if not isinstance(claims, list):
+            return ""
+        if not claims:
+            return "; no unit claimed before this position"
+        noun = "unit" if len(claims) == 1 else "units"
+        return f"; {len(claims)} {noun} claimed, inside unit {claims[-1]!r}"
     if level.kind == "reader":
         if state.get("file") is None:
             return "; this consumer's files are done"
@@ -246,6 +255,9 @@ def _render_state(
         writer.line(1, f"rank {rank}: epoch {epoch}")
         if mine.get("plans") is not None:
             writer.line(2, plans_text(mine, epoch))
+        if mine.get("dispatch") is not None:
+            told = ((report or {}).get("dispatch") or {}).get("ranks", {}).get(rank)
+            writer.line(2, record_text(told or record_summary(mine["dispatch"])))
         if mine.get("node") is None:
             plans = plans_summary(mine, epoch if isinstance(epoch, int) else -1)
             if plans is not None and plans.get("current"):
@@ -431,6 +443,17 @@ def render_job(writer: Writer, report: dict[str, Any]) -> None:
             writer.line(1, f"remaining    of epoch {remaining['epoch']}")
             for source in remaining["sources"]:
                 writer.line(2, f"{source['label']} ({source['kind']}): {source_text(source)}")
+    dispatched = (report.get("dispatch") or {}).get("sources")
+    if dispatched is not None:
+        writer.line(
+            1, f"dispatch     epoch {report['dispatch'].get('epoch')} was dispatched dynamically"
+        )
+        for source in dispatched:
+            writer.line(
+                2,
+                f"{source['label']}: {source['units']} units, {source['claimed']} claimed; "
+                f"{source['unreached']} no consumer reached (a resume hands them out whole)",
+            )
     deal = report.get("deal")
     if deal is not None and deal.get("consumers") is not None:
         topology = _topology_text(deal["world_size"], deal["num_workers"])

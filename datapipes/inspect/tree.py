@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from datapipes.checkpoint import graph_record, saved_setup, upstream_states
+from datapipes.checkpoint import decode_state, graph_record, saved_setup, upstream_states
+from datapipes.inspect.dispatch import attach_replay, rank_record
 from datapipes.pipe import DataPipe
 from datapipes.placement import rebuild_on, split_main_steps
 from nodes import Context, Node
@@ -92,6 +93,8 @@ class RecipeGraph:
         """The URL of file ``file`` of the listing a reader level reads, if it can be told."""
         pipe = self._pipes.get(id(level.entry))
         files = pipe.inputs[0] if pipe is not None and pipe.inputs else None
+        if not hasattr(files, "file_set") and hasattr(pipe, "file_set"):
+            files = pipe  # the listing itself labels a reader below a dispatched source
         if not isinstance(file, int) or not hasattr(files, "file_set"):
             return None
         try:
@@ -178,13 +181,19 @@ def recipe_graph(
     setup = saved_setup(state)
     where = {"rank": rank, "world_size": setup["world_size"], "seed": setup["seed"]}
     num_workers = setup["num_workers"]
+    # Under dynamic dispatch the Loader wrapped each source to read the units it claimed:
+    # built the same way (replaying the rank's record), the levels match the saved ones.
+    record = rank_record(decode_state(state)["ranks"].get(str(rank)))
     if not num_workers:
-        return RecipeGraph.built(pipe, Context(epoch=epoch, **where), saved)
+        ctx = Context(epoch=epoch, **where)
+        attach_replay(ctx, record, pipe)
+        return RecipeGraph.built(pipe, ctx, saved)
     worker_part, main_steps = split_main_steps(pipe)
 
     def worker(worker_id: int, dataset: dict[str, Any], saved: Record | None) -> RecipeGraph:
         epoch = int(dataset.get("epoch") or 0)
         ctx = Context(worker_id=worker_id, num_workers=num_workers, epoch=epoch, **where)
+        attach_replay(ctx, record, worker_part)
         return RecipeGraph.built(worker_part, ctx, saved)
 
     main = rebuild_on(_WorkersPlaceholder(), main_steps)

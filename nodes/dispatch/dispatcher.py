@@ -73,9 +73,10 @@ class Dispatcher:
         #: The places whose source a replay asked for its untouched data: the inputs the
         #: consumer's graph had not finished (a concat's earlier inputs are not asked).
         self.live: set[str] = set()
-        #: Units claimed through the store, and the seconds those claims took.
-        self.claimed = 0
-        self.wait_seconds = 0.0
+        #: Units claimed through the store, and the seconds those claims took, by source
+        #: place (one dispatcher serves every source of the consumer's graph).
+        self.claimed: dict[str, int] = {}
+        self.wait_seconds: dict[str, float] = {}
 
     # ----- what a source reads (Context.plan_for) ----------------------------------------
     def get(self, place: str, default: Any = None) -> Any:
@@ -120,8 +121,9 @@ class Dispatcher:
         unit = client.add(f"{self.spec.key}/next/{place}", 1) - 1
         if unit < count:  # recorded before it is read: a checkpoint finds it
             client.append(claims_key(self.spec.key, place, self.consumer), f"{unit},")
-            self.claimed += 1
-        self.wait_seconds += perf_counter() - started
+            self.claimed[place] = self.claimed.get(place, 0) + 1
+        waited = perf_counter() - started
+        self.wait_seconds[place] = self.wait_seconds.get(place, 0.0) + waited
         return unit if unit < count else None
 
     def note_reached(self, place: str, claims: list[int]) -> None:

@@ -73,6 +73,12 @@ class DispatchedSourceNode(Node):
         inner = self._inner.state_dict() if self._claims else None
         return {"claims": list(self._claims), "inner": inner}
 
+    @classmethod
+    def upstream_states(cls, state: State) -> list[tuple[int, State]]:
+        """The source's state in its last unit (``"inner"``), nested as its input's."""
+        inner = state.get("inner") if isinstance(state, dict) else None
+        return [(0, inner)] if isinstance(inner, dict) else []
+
     def validate_state(self, state: Any, path: str = "node") -> None:
         expect_keys(state, path, {"claims", "inner"})
         claims = state["claims"]
@@ -94,7 +100,8 @@ class DispatchedSourceNode(Node):
     def dispatch_stats(self) -> dict[str, Any]:
         """For the statistics table: this consumer's units claimed and seconds on the store."""
         d = self._dispatcher
-        return {"units": {str(d.consumer): d.claimed}, "store_seconds": d.wait_seconds}
+        units, seconds = d.claimed.get(self.place, 0), d.wait_seconds.get(self.place, 0.0)
+        return {"units": {str(d.consumer): units}, "store_seconds": seconds}
 
     # ----- elastic resume: a checkpoint's remaining work ---------------------------------
     def last_origin(self) -> el.Origin:
