@@ -15,9 +15,10 @@ A job that does not end in time is killed and fails its test (no hang). Every re
 read twice from the same merged state: with even_batches (the ranks' deliveries plus what
 ``dropped()`` counts are the rest of the epoch) and without (the rest, exactly).
 
-The in-process tests below: a DataLoader worker SIGKILLed mid-unit (the state taken after
-the error resumes exactly, on the same topology and another), and a TCPStore whose host
-process is killed while two Loader processes claim from it (a clear error, in bounded time).
+The tests after those: a DataLoader worker SIGKILLed mid-unit (the state taken after the
+error resumes exactly, on the same topology and others), and a TCPStore whose host process
+is killed or stalled (SIGSTOP) while two Loader processes claim from it: a DispatchStoreError
+naming the store on both, within a bounded time, never a hang.
 """
 
 from __future__ import annotations
