@@ -19,6 +19,7 @@ the Loader's side of it:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -92,7 +93,6 @@ class DynamicDispatch:
         *,
         store: Any = None,
         unit_items: int = DEFAULT_UNIT_ITEMS,
-        timeout: float = DEFAULT_STORE_TIMEOUT,
     ) -> None:
         if not isinstance(unit_items, int) or unit_items < 1:
             raise ValueError(f"dispatch_unit_items must be an int >= 1, got {unit_items!r}")
@@ -103,7 +103,7 @@ class DynamicDispatch:
         self.unit_items = unit_items
         epoch_work(self._pipe, Context(seed=seed))  # refusals now, not at the first epoch
         self._own_store = None
-        self.client = self._client(store, topology, num_workers, timeout)
+        self.client = self._client(store, topology, num_workers)
         # Each rank counts the Loaders of this recipe and world size it made: ranks that make
         # their Loaders in the same order (the usual SPMD program) agree on the run's number
         # without talking, however fast each rank gets there, and Loaders of another world
@@ -116,9 +116,10 @@ class DynamicDispatch:
         self._base: tuple[int, el.Work] | None = None
         self.spec: DispatchSpec | None = None
 
-    def _client(
-        self, store: Any, topology: Topology, num_workers: int, timeout: float
-    ) -> StoreClient:
+    def _client(self, store: Any, topology: Topology, num_workers: int) -> StoreClient:
+        """The store's client, bounded by the store's own timeout (the process group's, or
+        the one the store passed was made with; a store of our own: 60 s), never changed:
+        under torch.distributed it is the process group's too."""
         if store is None and dist.is_available() and dist.is_initialized():
             from torch.distributed.distributed_c10d import _get_default_store
 
@@ -132,15 +133,19 @@ class DynamicDispatch:
                 )
             # One rank: a store of its own, which its DataLoader workers reach by its port.
             store = self._own_store = dist.TCPStore(
-                "127.0.0.1", 0, is_master=True, wait_for_workers=False
+                "127.0.0.1",
+                0,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=DEFAULT_STORE_TIMEOUT),
             )
-        address = address_of(store, timeout)
+        timeout = store.timeout.total_seconds() if hasattr(store, "timeout") else None
+        address = address_of(store, timeout or DEFAULT_STORE_TIMEOUT)
         if address is None and num_workers:
             raise ValueError(
                 f"dispatch='dynamic' with DataLoader workers needs a store they can reach: "
                 f"a TCPStore or FileStore, not a {type(store).__name__}"
             )
-        store.set_timeout(_seconds(timeout))
         return StoreClient(store, address)
 
     # ----- epochs ----------------------------------------------------------------------------
@@ -203,12 +208,6 @@ class DynamicDispatch:
                 for c in consumers
             },
         }
-
-
-def _seconds(timeout: float) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=timeout)
 
 
 class ReplayDispatch:

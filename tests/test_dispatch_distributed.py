@@ -399,17 +399,16 @@ import torch.distributed as dist
 import datapipes as dp
 
 port, rank, workers, started = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-# The Loader gives its store STORE_TIMEOUT_S seconds (it has no argument for it yet): a
-# stalled host is then an error after that long, not after the default minute.
-from datapipes.dispatch import DynamicDispatch
-DynamicDispatch.__init__.__kwdefaults__["timeout"] = float(sys.argv[5])
 
 def paced(x):
     time.sleep(0.01)  # the epoch lasts long enough to be mid-way when the store dies
     return x
 
+# The Loader bounds every claim by the timeout of the store it is given: a stalled host is
+# then an error after STORE_TIMEOUT_S seconds, not after the default minute.
 store = dist.TCPStore(
-    "127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=20)
+    "127.0.0.1", port, is_master=False, wait_for_workers=False,
+    timeout=timedelta(seconds=float(sys.argv[5])),
 )
 loader = dp.Loader(
     dp.range(100_000).map(paced), rank=rank, world_size=2, num_workers=workers,
