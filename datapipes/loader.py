@@ -204,6 +204,8 @@ class Loader:
         # run delivered anything is the epoch's start (node None), which merges as such.
         self._fresh: tuple[int, Any] | None = None
         self._drops = CarriedDrops()  # dropped before the checkpoint it resumed
+        # (epoch, counts) of the graph close() let go, so dropped() still tells them.
+        self._closed_drops: tuple[int, dict[str, int]] | None = None
 
     # ----- iteration -----------------------------------------------------------
     @property
@@ -220,6 +222,7 @@ class Loader:
         root = self._root
         if root is None:
             root = self._root = self._build()
+            self._closed_drops = None
             self._stats.new_graph()
         run = self._cursor.next_run()
         self._context.epoch = run.epoch
@@ -374,6 +377,10 @@ class Loader:
         >>> len(list(loader)), loader.dropped()
         (2, {'batch(4, drop_last=True)': 2})
         """
+        if self._root is None and self._closed_drops is not None:  # closed since: as it was
+            epoch, counts = self._closed_drops
+            if epoch == self._cursor.last:
+                return self._drops.report(dict(counts), epoch, True)
         built = self._root is not None
         return self._drops.report(worker_drop_counts(self._root), self._cursor.last, built)
 
@@ -384,6 +391,7 @@ class Loader:
         state before it, and the next iteration continues the interrupted epoch.
         """
         if self._root is not None:
+            self._closed_drops = (self._cursor.last, worker_drop_counts(self._root))
             self._cursor.suspend(self._root.state_dict)  # also ends an iterator kept from before
             self._root.close()
             self._stats.keep(self._root, self._cursor.last)  # they outlive the graph

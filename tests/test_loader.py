@@ -365,3 +365,17 @@ def test_a_billion_item_global_shuffle_is_lazy_and_resumes():
     resumed.load_state_dict(roundtrip_state(state))
     assert list(islice(iter(resumed), 1000)) == following
     assert not set(first) & set(following)
+
+
+def test_dropped_still_tells_the_last_epoch_after_close():
+    loader = dp.Loader(dp.range(10).batch(4, drop_last=True))
+    assert len(list(loader)) == 2
+    assert loader.dropped() == {"batch(4, drop_last=True)": 2}
+    loader.close()  # the graph goes; the counts of the epoch it ran stay
+    assert loader.dropped() == {"batch(4, drop_last=True)": 2}
+    assert len(list(loader)) == 2 and loader.dropped() == {"batch(4, drop_last=True)": 2}
+    loader.set_epoch(5)
+    it = iter(loader)
+    next(it)  # epoch 5 mid-way: nothing dropped yet
+    loader.close()
+    assert loader.dropped() == {}
