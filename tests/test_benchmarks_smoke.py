@@ -205,4 +205,6 @@ def test_dynamic_dispatch_benchmark_reports_balance_units_and_overhead(tmp_path:
     overhead = table_rows(markdown, "Overhead")
     assert [row[1] for row in overhead] == ["0", "2"], overhead
     for row in overhead:
-        assert RATIO.match(row[4]) and RATIO.match(row[7]), row
+        assert RATIO.match(row[4]) and RATIO.match(row[7]), row  # wall, CPU
+        store = re.match(r"^\d+\.\d ms \((\d+)\)$", row[8])  # claims' time (units)
+        assert store and int(store.group(1)) > 0, row
