@@ -30,7 +30,7 @@ from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.dispatch.dispatcher import recorded_claims
 from nodes.dispatch.store import StoreAddress, StoreClient, address_of
-from nodes.errors import InvalidStateError
+from nodes.errors import InvalidStateError, StateMismatchError
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
@@ -104,14 +104,28 @@ class DynamicDispatch:
         epoch_work(self._pipe, Context(seed=seed))  # refusals now, not at the first epoch
         self._own_store = None
         self.client = self._client(store, topology, num_workers)
-        # Each rank counts the Loaders of this recipe and world size it made: ranks that make
+        # Each rank counts the dynamic Loaders of this world size it made: ranks that make
         # their Loaders in the same order (the usual SPMD program) agree on the run's number
         # without talking, however fast each rank gets there, and Loaders of another world
         # size (a rank-0-only one, a job simulated in one process) do not shift it. Counted
         # in the store, so a job restarted on a store that outlived it gets new keys.
-        jobs = f"datapipes/{pipe.fingerprint()}/{topology.world_size}x"
+        jobs = f"datapipes/dispatch/{topology.world_size}x"
         made = self.client.add(f"{jobs}/loaders/{topology.rank}", 1)
         self.run = f"{jobs}/{made - 1}"
+        # The ranks of one run must hand out the same units: the same recipe, seed, unit
+        # size and consumers. The first rank there writes them; the others must match, or
+        # (with keys of their own) every item would be read once per recipe, silently.
+        mine = (
+            f"{pipe.fingerprint()} seed={seed} unit_items={unit_items} consumers={self.consumers}"
+        )
+        theirs = self.client.compare_set(f"{self.run}/recipe", "", mine).decode()
+        if theirs != mine:
+            raise StateMismatchError(
+                f"dispatch='dynamic': Loader {made} of rank {topology.rank} has recipe {mine}, "
+                f"but another rank's Loader {made} of this job has {theirs}. The ranks pair "
+                "their Loaders by the order they make them, and must make the same ones (the "
+                "same recipe, seed and dispatch_unit_items) in the same order."
+            )
         self._attempts: dict[int, int] = {}
         self._base: tuple[int, el.Work] | None = None
         self.spec: DispatchSpec | None = None
