@@ -44,13 +44,14 @@ RESUME_ROWS = ["HF datasets + StatefulDataLoader", "torchdata.nodes", "datapipes
 RATIO = re.compile(r"^\**\d+\.\d\dx\**$")
 
 
-def run_compare(tmp_path: Path, *args: str, pythonpath: str = "") -> tuple[str, str]:
-    """Run the command; return its stdout and the markdown file it wrote."""
+def run_benchmark(
+    tmp_path: Path, script: Path, *args: str, pythonpath: str = ""
+) -> tuple[str, str]:
+    """Run a benchmark script with ``--markdown``; return its stdout and the markdown."""
     out = tmp_path / "report.md"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, str(ROOT)]))}
     done = subprocess.run(
-        [sys.executable, str(COMPARE), "--quick", "--workdir", str(tmp_path / "data")]
-        + ["--markdown", str(out), *args],
+        [sys.executable, str(script), *args, "--markdown", str(out)],
         capture_output=True,
         text=True,
         env=env,
@@ -59,6 +60,12 @@ def run_compare(tmp_path: Path, *args: str, pythonpath: str = "") -> tuple[str, 
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout, out.read_text()
+
+
+def run_compare(tmp_path: Path, *args: str, pythonpath: str = "") -> tuple[str, str]:
+    """Run compare.py in quick mode; return its stdout and the markdown file it wrote."""
+    quick = ("--quick", "--workdir", str(tmp_path / "data"))
+    return run_benchmark(tmp_path, COMPARE, *quick, *args, pythonpath=pythonpath)
 
 
 def table_rows(markdown: str, section: str) -> list[list[str]]:
@@ -122,20 +129,14 @@ def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) ->
 
 def test_elastic_resume_benchmark_reports_its_four_rows(tmp_path: Path) -> None:
     # benchmarks/elastic_resume.py on tiny data: every row of its table has a ratio
-    out = tmp_path / "elastic.md"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "elastic_resume.py"), "--size-mb", "2"]
-        + ["--range-size", "100000", "--repeats", "1", "--workdir", str(tmp_path / "data")]
-        + ["--markdown", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=tmp_path,
-        timeout=150,
+    _, markdown = run_benchmark(
+        tmp_path,
+        ROOT / "benchmarks" / "elastic_resume.py",
+        *("--size-mb", "2", "--range-size", "100000", "--repeats", "1"),
+        *("--workdir", str(tmp_path / "data")),
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "%" in line]
-    assert len(rows) == 4, out.read_text()
+    rows = [line for line in markdown.splitlines() if line.startswith("| ") and "%" in line]
+    assert len(rows) == 4, markdown
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert RATIO.match(cells[4]), row  # elastic / same topology
@@ -143,27 +144,17 @@ def test_elastic_resume_benchmark_reports_its_four_rows(tmp_path: Path) -> None:
 
 def test_hf_batched_fetch_benchmark_reports_every_dataset_worker_and_batch(tmp_path: Path) -> None:
     # benchmarks/hf_batched_fetch.py --quick: a ratio for each (dataset, workers, batch size)
-    out = tmp_path / "fetch.md"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "hf_batched_fetch.py"), "--quick"]
-        + ["--rows", "2000", "--markdown", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=tmp_path,
-        timeout=150,
+    _, markdown = run_benchmark(
+        tmp_path, ROOT / "benchmarks" / "hf_batched_fetch.py", "--quick", "--rows", "2000"
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = [
-        line for line in out.read_text().splitlines() if line.startswith("| ") and " s |" in line
-    ]
+    rows = [line for line in markdown.splitlines() if line.startswith("| ") and " s |" in line]
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
     assert [(c[0].split()[0], c[1], c[2]) for c in cells] == [
         (name, workers, size)
         for name in ("HF", "torch")
         for workers in ("0", "2")
         for size in ("64", "256")
-    ], out.read_text()
+    ], markdown
     for c in cells:
         assert RATIO.match(c[5]), c  # datapipes / DataLoader
 
@@ -172,20 +163,13 @@ def test_dynamic_dispatch_benchmark_reports_balance_units_and_overhead(tmp_path:
     # benchmarks/dynamic_dispatch.py --quick: 3 rank processes on one TCPStore; it checks
     # itself that every epoch delivered each item once (exit code), the test that every
     # table has its rows and a ratio in each
-    out = tmp_path / "dispatch.md"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "dynamic_dispatch.py"), "--quick"]
-        + ["--workdir", str(tmp_path / "data"), "--markdown", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=tmp_path,
-        timeout=150,
+    stdout, markdown = run_benchmark(
+        tmp_path,
+        ROOT / "benchmarks" / "dynamic_dispatch.py",
+        *("--quick", "--workdir", str(tmp_path / "data")),
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    markdown = out.read_text()
     for part in markdown.split("\n\n"):  # printed and written alike
-        assert part.strip() in done.stdout, part
+        assert part.strip() in stdout, part
 
     balance = table_rows(markdown, "Load balancing")
     assert len(balance) == 3, balance  # range, JSONL files, fewer files (split into parts)
