@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_distributed import JOB_TIMEOUT_S, child_env, stop_job, write_data
+from test_distributed import child_env, torchrun_may_fail, write_data
 
 import datapipes as dp
 from nodes.dispatch import DispatchStoreError
@@ -141,24 +141,10 @@ def launch(root: Path, name: str, nproc: int, phases: list[dict[str, Any]]) -> R
     are relative to it); a job that does not end in time is stopped and fails the test."""
     config = root / f"{name}.json"
     config.write_text(json.dumps({**SHARED, "phases": phases, "out": str(root / "out")}))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc_per_node={nproc}", str(JOB), str(config)]
     started = time.perf_counter()
-    process = subprocess.Popen(
-        command,
-        cwd=root,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: stop_job ends all of it
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        stdout, stderr = stop_job(process)
-        pytest.fail(f"the {nproc}-rank job {name} hung: killed after {JOB_TIMEOUT_S}s\n{stderr}")
-    return Ran(process.returncode, stdout + stderr, time.perf_counter() - started)
+    what = f"the {nproc}-rank job {name}"
+    returncode, stdout, stderr = torchrun_may_fail(JOB, config, nproc, root, what)
+    return Ran(returncode, stdout + stderr, time.perf_counter() - started)
 
 
 @dataclass

@@ -97,6 +97,16 @@ class Job:
 def torchrun(job: Path, config_path: Path, nproc: int, cwd: Path, what: str) -> tuple[str, str]:
     """Run ``job`` under torchrun with ``nproc`` ranks; its (stdout, stderr). Fails the test,
     naming ``what``, when the job exits with an error or hangs (then all ranks are killed)."""
+    returncode, stdout, stderr = torchrun_may_fail(job, config_path, nproc, cwd, what)
+    assert returncode == 0, f"{what} failed ({returncode}):\n{stderr[-8000:]}"
+    return stdout, stderr
+
+
+def torchrun_may_fail(
+    job: Path, config_path: Path, nproc: int, cwd: Path, what: str
+) -> tuple[int, str, str]:
+    """:func:`torchrun` for a job that may exit with an error (a rank killed on purpose):
+    its (exit code, stdout, stderr). A hang still fails the test, naming ``what``."""
     command = [
         sys.executable,
         "-m",
@@ -120,8 +130,7 @@ def torchrun(job: Path, config_path: Path, nproc: int, cwd: Path, what: str) -> 
     except subprocess.TimeoutExpired:
         stdout, stderr = stop_job(process)
         pytest.fail(f"{what} hung: killed after {JOB_TIMEOUT_S}s\n{stderr[-4000:]}")
-    assert process.returncode == 0, f"{what} failed ({process.returncode}):\n{stderr[-8000:]}"
-    return stdout, stderr
+    return process.returncode, stdout, stderr
 
 
 def run_job(root: Path, name: str, nproc: int, config: dict[str, Any]) -> Job:
