@@ -466,3 +466,75 @@ def test_a_store_whose_host_dies_is_a_clear_error_on_every_rank_soon(tmp_path, h
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+STALLING_RANK = """
+import json, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+import datapipes as dp
+
+port, rank, started, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+def paced(x):
+    time.sleep(0.002)
+    return x
+
+store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                      timeout=timedelta(seconds=60))
+loader = dp.Loader(dp.range(3000).shuffle().map(paced), rank=rank, world_size=2,
+                   dispatch="dynamic", store=store, even_batches=False, dispatch_unit_items=50)
+got = []
+for item in loader:
+    got.append(item)
+    if len(got) == 20:
+        open(started, "w").close()
+json.dump(got, open(out, "w"))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_a_stalled_rank_delivers_the_rest_of_its_unit_late_and_nothing_twice(tmp_path):
+    """Rank 1 is frozen (SIGSTOP) inside a unit while rank 0 empties the pool; thawed, it
+    delivers the rest of the unit it held. Nothing is handed out twice (no lease takes the
+    unit over), nothing is lost, and the frozen rank's share is what it had claimed."""
+    env = child_env()
+    host = subprocess.Popen(
+        [sys.executable, "-c", STORE_HOST], stdout=subprocess.PIPE, text=True, env=env
+    )
+    ranks: list[subprocess.Popen[str]] = []
+    try:
+        port = int(host.stdout.readline())  # type: ignore[union-attr]
+        flags = [tmp_path / f"started{rank}" for rank in range(2)]
+        outs = [tmp_path / f"rank{rank}.json" for rank in range(2)]
+        for rank in range(2):
+            args = [str(port), str(rank), str(flags[rank]), str(outs[rank])]
+            ranks.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", STALLING_RANK, *args],
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                    cwd=tmp_path,
+                )
+            )
+        deadline = time.monotonic() + 60
+        while not flags[1].exists():
+            assert time.monotonic() < deadline, "rank 1 did not start reading"
+            time.sleep(0.01)
+        os.kill(ranks[1].pid, signal.SIGSTOP)  # frozen mid-unit (units of 50, at item 20)
+        try:
+            ranks[0].wait(timeout=90)  # rank 0 empties the pool alone
+        finally:
+            os.kill(ranks[1].pid, signal.SIGCONT)
+        ranks[1].wait(timeout=60)
+        for rank, process in enumerate(ranks):
+            assert process.returncode == 0, f"rank {rank}: {process.stderr.read()[-3000:]}"
+        got = [json.loads(path.read_text()) for path in outs]
+        assert sorted(got[0] + got[1]) == list(range(3000))  # once each, none lost
+        assert 20 <= len(got[1]) < len(got[0])  # the frozen rank kept only what it held
+    finally:
+        for process in [host, *ranks]:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
