@@ -75,10 +75,14 @@ def loaders(
 ) -> list[dp.Loader]:
     """The ``world`` ranks of one job (a dynamic one's ranks share ``store``, else the
     module's)."""
+    # A worker forked while this process's TCPStore server thread resolves a peer's name can
+    # hang connecting (glibc's resolver lock, inherited held): a DataLoader timeout fails it.
+    workers: dict[str, Any] = {"num_workers": num_workers}
+    if num_workers:
+        workers["timeout"] = 60
     if mode == "static":
         return [
-            dp.Loader(pipe, seed=seed, rank=r, world_size=world, num_workers=num_workers)
-            for r in range(world)
+            dp.Loader(pipe, seed=seed, rank=r, world_size=world, **workers) for r in range(world)
         ]
     store = shared_store() if store is None else store
     return [
@@ -87,10 +91,10 @@ def loaders(
             seed=seed,
             rank=r,
             world_size=world,
-            num_workers=num_workers,
             dispatch="dynamic",
             store=store,
             dispatch_unit_items=unit_items,
+            **workers,
         )
         for r in range(world)
     ]
@@ -681,3 +685,53 @@ def test_dynamic_states_round_trip_json_and_torch(mid_state: dict[str, Any]) -> 
     before = loaders(dp.range(60).shuffle(), "dynamic", 1)
     before[0].load_state_dict(again)
     assert sorted(done) == sorted(int(x) for x in before[0])
+
+
+# ----- DataLoader workers (processes) ----------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2])
+def test_workers_claim_for_themselves_and_checkpoints_cover_them(world: int, tmp_path) -> None:
+    """num_workers=2 on each of ``world`` in-process ranks (one TCPStore): a whole epoch once;
+    a checkpoint taken mid-epoch with the workers' claims since their last snapshot resumes
+    dynamic (2 ranks x 1 worker, 1 rank x 0) and static (3 ranks), each exactly once."""
+    pipe = jsonl_files(tmp_path, 240, 7).shuffle(buffer_size=5).batch(3)
+    expected = list(range(240))
+    store = new_store()
+    jobs = loaders(pipe, "dynamic", world, store=store, num_workers=2, unit_items=8)
+    whole = [i for g in interleave(jobs) for o in g for i in ids(o)]
+    assert sorted(whole) == expected
+    records = [loader.state_dict()["ranks"][str(r)]["dispatch"] for r, loader in enumerate(jobs)]
+    assert sorted(records[0]["claims"]) == ["0", "1"]  # rank 0's two workers
+    claimed = [
+        u for rec in records for per in rec["claims"].values() for us in per.values() for u in us
+    ]
+    assert len(claimed) == len(set(claimed)) and claimed
+    got = interleave(jobs, 25)  # epoch 1: stopped mid-epoch, the workers reading ahead
+    before = [i for g in got for o in g for i in ids(o)]
+    state = plain(dp.merge_states([loader.state_dict() for loader in jobs]))
+    close(jobs)
+    assert state["ranks"]["0"]["epoch"] == 1
+    for mode, w, nw in [("dynamic", 2, 1), ("dynamic", 1, 0), ("static", 3, 0)]:
+        resumed = [
+            dp.Loader(
+                pipe,
+                seed=SEED,
+                rank=r,
+                world_size=w,
+                num_workers=nw,
+                **({"timeout": 60} if nw else {}),
+                **(
+                    {"dispatch": "dynamic", "store": store, "dispatch_unit_items": 8}
+                    if mode == "dynamic"
+                    else {}
+                ),
+            )
+            for r in range(w)
+        ]
+        for loader in resumed:
+            loader.load_state_dict(state)
+        after = [i for g in interleave(resumed) for o in g for i in ids(o)]
+        close(resumed)
+        assert sorted(before + after) == expected, (mode, w, nw, len(before), len(after))
