@@ -18,8 +18,10 @@ class DispatchedSourceNode(Node):
 
     ``inner`` is a source node (``elastic = "source"``) built with a context whose
     ``plans`` is ``dispatcher``: pointed at a unit, a reset of ``inner`` reads
-    that unit, as a source reads its plan after an elastic resume. When the unit
-    runs dry the node claims the next one; when none is left the epoch ends here.
+    that unit, as a source reads its plan after an elastic resume. The first unit
+    is claimed at ``reset`` (a flat_map above reads the rest of a partly delivered
+    item from it then: see :attr:`_plan`); when a unit runs dry the node claims
+    the next one; when none is left the epoch ends here.
 
     State: ``{"claims": [unit, ...], "inner": the source's state in the last
     unit}``: the units this consumer claimed, in order (all of them but the
@@ -49,19 +51,36 @@ class DispatchedSourceNode(Node):
             self._dispatcher.point_at(self.place, self._claims[-1])
             self._inner.reset(state["inner"])  # type: ignore[index]
             first = iter(self._inner)
+        else:
+            # The first unit is claimed now, not at the first item: a flat_map above reads
+            # the rest of a partly delivered item (its leading selections, which units_of
+            # keeps in unit 0) from the first unit's plan when it resets (see _plan).
+            first = self._next_unit()
         self._it = chain.from_iterable(self._units(first))
 
+    @property
+    def _plan(self) -> list[el.Piece] | None:
+        """The pieces of the first unit this consumer claimed (a flat_map's leading
+        selections: ``nodes.transforms._leading_selections``)."""
+        if not self._claims:
+            return None
+        return self._dispatcher.units(self.place)[self._claims[0]]
+
+    def _next_unit(self) -> Iterator[Any] | None:
+        """Claim the next unit and read it, or ``None`` when none is left."""
+        unit = self._dispatcher.claim(self.place, len(self._claims))
+        if unit is None:
+            return None
+        self._claims.append(unit)
+        self._dispatcher.point_at(self.place, unit)
+        self._inner.reset(None)
+        return iter(self._inner)
+
     def _units(self, first: Iterator[Any] | None) -> Iterator[Iterator[Any]]:
-        if first is not None:
-            yield first
-        while True:
-            unit = self._dispatcher.claim(self.place, len(self._claims))
-            if unit is None:
-                return
-            self._claims.append(unit)
-            self._dispatcher.point_at(self.place, unit)
-            self._inner.reset(None)
-            yield iter(self._inner)
+        current = first
+        while current is not None:
+            yield current
+            current = self._next_unit()
 
     def __next__(self) -> Any:
         return next(self._it)

@@ -8,12 +8,14 @@ one file (or file part, or rest of a file) per unit, with whole files split
 into parts when there are fewer than ``PARTS_PER_CONSUMER`` per consumer, so
 that the last units of an epoch are small enough to balance; single records
 (read but not delivered by an interrupted run) go in runs of ``unit_items``.
+The rests of partly delivered items (a ``flat_map``'s outputs not delivered)
+make unit 0 together.
 """
 
 from __future__ import annotations
 
 from nodes.elastic import POSITIONS, RECORDS, STREAM, Piece, deal
-from nodes.elastic.pieces import piece_length
+from nodes.elastic.pieces import has_selection, piece_length
 from nodes.elastic.work import split_whole_files
 
 #: Files are split into parts until each consumer has about this many units to claim.
@@ -28,6 +30,12 @@ def units_of(kind: str, pieces: list[Piece], consumers: int, unit_items: int) ->
     """
     if kind == STREAM:
         raise ValueError("a shard() stream is read whole by every consumer: nothing to dispatch")
+    # The rests of partly delivered items (a flat_map's outputs still to deliver) all go in
+    # unit 0, first: the flat_map above applies them to the first parents of its first unit.
+    selections = [p for p in pieces if has_selection(p)]
+    if selections:
+        rest = [p for p in pieces if not has_selection(p)]
+        return [selections] + (units_of(kind, rest, consumers, unit_items) if rest else [])
     if kind == POSITIONS:
         total = sum(piece_length(p) or 0 for p in pieces)
         count = max(1, -(-total // max(1, unit_items)))
