@@ -38,7 +38,6 @@ from datapipes.workers import (
     worker_skip_counts,
 )
 from nodes import Context, Node
-from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
 
 _DATALOADER_OPTIONS = frozenset(
@@ -520,17 +519,6 @@ class Loader:
         listings = self._listings.get(self._context)
         where = (self.rank, self.world_size, self.num_workers, self.seed)
         epoch, work, ended_drops = elastic.remaining_here(self.pipe, state, where, listings)
-        if work is not None and any(
-            el.has_selection(piece) for entry in work.values() for piece in entry["pieces"]
-        ):
-            # A flat_map finds the rest of its partly delivered item among the first pieces
-            # its source reads; a unit handed to whoever asks cannot promise that.
-            raise el.ElasticResumeError(
-                "this checkpoint cannot resume under dispatch='dynamic': a flat_map was in "
-                "the middle of an item's outputs, and the rest of that item must go to one "
-                "consumer before anything else. Resume it with dispatch='static' (exact, on "
-                "any topology) and switch to dynamic dispatch at the next epoch boundary."
-            )
         self._dispatch.set_base(epoch, work)
         self._resume(epoch, None, None)
         self._drops.take_job(state, epoch, ended_drops, self.rank, whole_epoch=work is None)

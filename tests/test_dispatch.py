@@ -330,16 +330,9 @@ def test_a_new_epoch_is_a_new_permutation_and_complete() -> None:
     assert ranks[0] == static
 
 
-# A flat_map mid-item resumed under dynamic dispatch: refused for now by loader.py (see
-# test_a_flat_map_mid_item_resumes_dynamic_exactly_once); only the static resumes here.
-FLAT_MAP_CHAINS = {"dynamic_to_static_1", "dynamic_to_static_3"}
-
-
 @pytest.mark.parametrize("chain", list(CHAINS))
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_resume_delivers_every_item_once(recipe: str, chain: str, tmp_path: Path) -> None:
-    if recipe == "flat_map" and chain not in FLAT_MAP_CHAINS:
-        pytest.skip("a flat_map mid-item resumed dynamic: the strict xfail below")
     pipe, expected = RECIPES[recipe](tmp_path)
     _, drops = run_chain(pipe, expected, CHAINS[chain])
     if recipe == "batch_drop_last":
@@ -348,15 +341,10 @@ def test_resume_delivers_every_item_once(recipe: str, chain: str, tmp_path: Path
         assert not any(step.startswith("batch(") for step in drops), drops
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=dp.ElasticResumeError,
-    reason="loader.py refuses it (a stop-gap): nodes/dispatch now keeps the rest of a partly "
-    "delivered item in unit 0, which a consumer claims when its graph resets, so the "
-    "flat_map finds it first: remove the refusal, then this marker",
-)
 @pytest.mark.parametrize("first", ["static", "dynamic"])
 def test_a_flat_map_mid_item_resumes_dynamic_exactly_once(first: str) -> None:
+    # The rests of partly delivered items make unit 0, which a consumer claims when its
+    # graph resets: its flat_map finishes them before anything else.
     pipe, expected = RECIPES["flat_map"](Path("."))
     run_chain(pipe, expected, [(first, 1, 23), ("dynamic", 2, None)])
 

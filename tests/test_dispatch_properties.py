@@ -41,10 +41,6 @@ from test_elastic_properties import Recipe, RecipeMaker, plain_copy
 
 import datapipes as dp
 
-#: A flat_map (or unbatch) mid-item resumed under dynamic dispatch repeats the item's
-#: delivered outputs (test_dispatch.py::test_a_flat_map_mid_item_resumes_dynamic_exactly_once).
-FLAT_MAP_DYNAMIC_RESUME_GAP = True
-
 STORE: list[dist.TCPStore] = []
 
 
@@ -109,10 +105,9 @@ def run_dispatch_case(seed: int, root: Path, workers: tuple[int, ...] = (0,)) ->
         with pytest.raises(dp.ElasticResumeError, match="shard"):
             job(recipe, "dynamic", 1, loader_seed)
         return "refused (shard)"
-    flat = bool(recipe.steps & {"flat_map", "rebatch"}) and FLAT_MAP_DYNAMIC_RESUME_GAP
     chain = [("dynamic", rng.randint(1, 3), rng.choice(workers))]
     for _ in range(rng.randint(1, 3)):
-        mode = "static" if flat or rng.random() < 0.35 else "dynamic"
+        mode = "static" if rng.random() < 0.35 else "dynamic"
         chain.append((mode, rng.randint(1, 4 if mode == "static" else 3), rng.choice(workers)))
     reference = len(list(dp.Loader(recipe.pipe, seed=loader_seed)))
     delivered: list[int] = []
