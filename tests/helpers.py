@@ -3,7 +3,10 @@ every kind of step. (Module level, so DataLoader workers and process pools can p
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
+import shutil
+import tempfile
 import time
 from collections import Counter
 from typing import Any
@@ -11,10 +14,24 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 import datapipes as dp
 from nodes import Node, UniformStream
 from nodes.testing import same
+
+# ----- a store for dynamic dispatch with worker processes -------------------------------------
+
+
+def file_store() -> dist.FileStore:
+    """A store that in-process ranks share and their DataLoader workers reach by its path: a
+    ``FileStore`` in a temporary folder (removed at exit). Not a ``TCPStore`` hosted in this
+    process: a worker forked while its server thread resolves a client's name inherits
+    glibc's lookup lock held and can hang connecting (about 1 fork in 200)."""
+    folder = tempfile.mkdtemp(prefix="datapipes-test-store-")
+    atexit.register(shutil.rmtree, folder, True)
+    return dist.FileStore(f"{folder}/store", -1)
+
 
 # ----- comparing items ------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from file_fixtures import write_file
+from helpers import file_store
 
 import datapipes as dp
 from datapipes.checkpoint_schema import node_digest
@@ -75,11 +76,10 @@ def loaders(
 ) -> list[dp.Loader]:
     """The ``world`` ranks of one job (a dynamic one's ranks share ``store``, else the
     module's)."""
-    # A worker forked while this process's TCPStore server thread resolves a peer's name can
-    # hang connecting (glibc's resolver lock, inherited held): a DataLoader timeout fails it.
     workers: dict[str, Any] = {"num_workers": num_workers}
-    if num_workers:
-        workers["timeout"] = 60
+    if num_workers:  # forked workers: a store they reach without a server thread here
+        workers["timeout"] = 60  # a hang fails the test
+        store = file_store() if store is None else store
     if mode == "static":
         return [
             dp.Loader(pipe, seed=seed, rank=r, world_size=world, **workers) for r in range(world)
@@ -682,12 +682,12 @@ def test_dynamic_states_round_trip_json_and_torch(mid_state: dict[str, Any]) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_workers_claim_for_themselves_and_checkpoints_cover_them(world: int, tmp_path) -> None:
-    """num_workers=2 on each of ``world`` in-process ranks (one TCPStore): a whole epoch once;
+    """num_workers=2 on each of ``world`` in-process ranks (one store): a whole epoch once;
     a checkpoint taken mid-epoch with the workers' claims since their last snapshot resumes
     dynamic (2 ranks x 1 worker, 1 rank x 0) and static (3 ranks), each exactly once."""
     pipe = jsonl_files(tmp_path, 240, 7).shuffle(buffer_size=5).batch(3)
     expected = list(range(240))
-    store = new_store()
+    store = file_store()
     jobs = loaders(pipe, "dynamic", world, store=store, num_workers=2, unit_items=8)
     whole = [i for g in interleave(jobs) for o in g for i in ids(o)]
     assert sorted(whole) == expected

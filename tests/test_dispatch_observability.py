@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import file_store
 
 import datapipes as dp
 from datapipes.checkpoint import decode_state
@@ -71,7 +72,9 @@ def recipe(tmp_path) -> Path:
 
 
 def loaders(pipe, world_size: int = 2, **options: Any) -> list[dp.Loader]:
-    """The ranks of one dynamic job, in this process, sharing the module's store."""
+    """The ranks of one dynamic job, in this process, sharing the module's store (with
+    DataLoader workers: a file store, which forked workers reach without a server thread)."""
+    shared = file_store() if options.get("num_workers") else store()
     return [
         dp.Loader(
             pipe,
@@ -79,7 +82,7 @@ def loaders(pipe, world_size: int = 2, **options: Any) -> list[dp.Loader]:
             rank=rank,
             world_size=world_size,
             dispatch="dynamic",
-            store=store(),
+            store=shared,
             dispatch_unit_items=UNIT,
             even_batches=False,
             **options,

@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from helpers import file_store
 from test_elastic_properties import Recipe, RecipeMaker, plain_copy
 
 import datapipes as dp
@@ -52,11 +53,11 @@ def store() -> dist.TCPStore:
 
 
 def job(recipe: Recipe, mode: str, world: int, seed: int, workers: int = 0) -> list[dp.Loader]:
-    # A worker forked while this process's TCPStore server thread resolves a peer's name
-    # can hang connecting (see the report): with a DataLoader timeout it fails instead.
-    extra: dict[str, Any] = {"timeout": 60} if workers else {}
+    extra: dict[str, Any] = {"timeout": 60} if workers else {}  # a hang fails the case
     if mode == "dynamic":
-        extra |= {"dispatch": "dynamic", "store": store(), "dispatch_unit_items": 3}
+        # Forked workers reach a file store without a server thread in this process.
+        shared = file_store() if workers else store()
+        extra |= {"dispatch": "dynamic", "store": shared, "dispatch_unit_items": 3}
     return [
         dp.Loader(
             recipe.pipe,
