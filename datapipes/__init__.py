@@ -19,21 +19,25 @@ from datapipes.stats import PipelineStats, StepStats
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from nodes.collate import default_collate, no_collate
+from nodes.dispatch import DispatchStoreError
 from nodes.elastic import ElasticResumeError
 from nodes.errors import BadRecordError, BadRecordWarning
 from nodes.even import UnevenDataWarning
+from nodes.random_map import RandomMapError
 from nodes.workers import WorkerDiedError
 
 __all__ = [
     "BadRecordError",
     "BadRecordWarning",
     "DataPipe",
+    "DispatchStoreError",
     "ElasticResumeError",
     "FileList",
     "InexactResumeWarning",
     "InvalidStateError",
     "Loader",
     "PipelineStats",
+    "RandomMapError",
     "StateMismatchError",
     "StepStats",
     "Topology",

@@ -218,6 +218,15 @@ flipped = dp.files(DEFAULT_FILES).read_jsonl().map(tokenize).random_map(flip_tor
 before = torch.get_rng_state()
 assert sorted(dp.Loader(flipped, seed=0)) == sorted(dp.Loader(flipped, seed=0, num_workers=2))
 assert torch.equal(torch.get_rng_state(), before)  # the training loop's RNG is untouched
+
+# Steps that read ahead (prefetch, a parallel map) cannot say which item they returned, so a
+# random_map after them is refused when the graph is built, saying where to put it.
+ahead = dp.files(DEFAULT_FILES).read_jsonl().map(tokenize).prefetch(4).random_map(mask_document)
+try:
+    list(dp.Loader(ahead))
+    raise AssertionError("a random_map after prefetch() should be refused")
+except dp.RandomMapError as error:
+    print("refused:", str(error).split(". ")[-1])
 print("random_map: the same masks and flips at 0 and 2 workers and after a resume")
 
 # %% [markdown]
