@@ -130,6 +130,13 @@ class Loader:
 
     ``pin_memory=True`` and ``device=...`` are shorthands for appending
     ``.pin_memory()`` and ``.to_device(device)`` to the recipe.
+
+    **Dynamic dispatch.** ``dispatch="dynamic"`` cuts each epoch into units
+    (``dispatch_unit_items`` positions of a random-access source, or a file or
+    file part) that each consumer claims when it runs dry, through ``store`` (a
+    ``torch.distributed`` store; default: the process group's, or one of its own
+    for a single rank), so a slow rank reads less; checkpoints stay exact and
+    resume on any topology, dynamic or static (see :mod:`datapipes.dispatch`).
     """
 
     def __init__(
