@@ -40,7 +40,6 @@ import gc
 import json
 import multiprocessing as mp
 import platform
-import resource
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from typing import Any
 import jsonl_pipeline as jp
 import torch
 import torch.distributed as dist
+from compare import cpu_seconds
 
 import datapipes as dp
 from nodes.dispatch.store import StoreClient, address_of
@@ -340,15 +340,6 @@ def store_seconds(workers: int, pattern: str) -> tuple[float, int]:
         rows = [step.dispatch for step in ld.stats().steps if step.dispatch]
     seconds = sum(row["store_seconds"] for row in rows)
     return seconds, sum(sum(row["units"].values()) for row in rows)
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process and its reaped children (DataLoader workers, once joined)."""
-    me, children = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
-    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 def overhead_rows(
