@@ -33,6 +33,14 @@ def file_store() -> dist.FileStore:
     return dist.FileStore(f"{folder}/store", -1)
 
 
+def dynamic_ranks(pipe: Any, world_size: int, store: Any, **options: Any) -> list[dp.Loader]:
+    """The ranks of one ``dispatch="dynamic"`` job in this process, sharing ``store``."""
+    return [
+        dp.Loader(pipe, rank=r, world_size=world_size, dispatch="dynamic", store=store, **options)
+        for r in range(world_size)
+    ]
+
+
 # ----- comparing items ------------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from file_fixtures import write_file
-from helpers import file_store
+from helpers import dynamic_ranks, file_store
 
 import datapipes as dp
 from datapipes.checkpoint_schema import node_digest
@@ -85,19 +85,7 @@ def loaders(
             dp.Loader(pipe, seed=seed, rank=r, world_size=world, **workers) for r in range(world)
         ]
     store = shared_store() if store is None else store
-    return [
-        dp.Loader(
-            pipe,
-            seed=seed,
-            rank=r,
-            world_size=world,
-            dispatch="dynamic",
-            store=store,
-            dispatch_unit_items=unit_items,
-            **workers,
-        )
-        for r in range(world)
-    ]
+    return dynamic_ranks(pipe, world, store, seed=seed, dispatch_unit_items=unit_items, **workers)
 
 
 def interleave(

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import file_store
+from helpers import dynamic_ranks, file_store
 
 import datapipes as dp
 from datapipes.checkpoint import decode_state
@@ -75,20 +75,8 @@ def loaders(pipe, world_size: int = 2, **options: Any) -> list[dp.Loader]:
     """The ranks of one dynamic job, in this process, sharing the module's store (with
     DataLoader workers: a file store, which forked workers reach without a server thread)."""
     shared = file_store() if options.get("num_workers") else store()
-    return [
-        dp.Loader(
-            pipe,
-            seed=SEED,
-            rank=rank,
-            world_size=world_size,
-            dispatch="dynamic",
-            store=shared,
-            dispatch_unit_items=UNIT,
-            even_batches=False,
-            **options,
-        )
-        for rank in range(world_size)
-    ]
+    options = {"seed": SEED, "dispatch_unit_items": UNIT, "even_batches": False, **options}
+    return dynamic_ranks(pipe, world_size, shared, **options)
 
 
 def save_job(tmp_path: Path, name: str, pipe, batches: list[int], **options: Any) -> list[str]:
