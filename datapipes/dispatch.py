@@ -149,7 +149,7 @@ class DynamicDispatch:
                     "rank reaches: initialize torch.distributed (its store is used), or pass "
                     "store=torch.distributed.TCPStore(host, port, ...) (rank 0 hosting it)"
                 )
-            store = self._own_store = _private_file_store()
+            store = self._own_store = private_file_store()
         timeout = store.timeout.total_seconds() if hasattr(store, "timeout") else None
         address = address_of(store, timeout or DEFAULT_STORE_TIMEOUT)
         if address is None and num_workers:
@@ -221,10 +221,11 @@ class DynamicDispatch:
         }
 
 
-def _private_file_store() -> Any:
-    """A one-rank job's own store: a ``FileStore`` in a temporary folder, removed with it.
+def private_file_store() -> Any:
+    """A one-rank job's own store (and, in tests, in-process ranks'): a ``FileStore`` in a
+    temporary folder, removed with it.
 
-    Its DataLoader workers reach it by its path. Not a ``TCPStore`` hosted here: its
+    DataLoader workers reach it by its path. Not a ``TCPStore`` hosted here: its
     server thread resolves the name of each client that connects, and a worker forked at
     that moment inherits glibc's lookup lock held, and hangs connecting (1 fork in ~200).
     A file store has no thread, and a claim costs about 7 us instead of 16.

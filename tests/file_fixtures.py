@@ -113,6 +113,22 @@ def write_jsonl(
     return list(records)
 
 
+def write_id_files(
+    folder: Path, files: int, per_file: int, *, step: int | None = None, name: str = "part{}"
+) -> list[str]:
+    """``files`` JSONL files ``folder/part{f}.jsonl`` of ``{"id": f * step + i}`` for ``i`` in
+    ``range(per_file)`` (``step``: ``per_file`` unless given, so the ids run on); their paths.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    step = per_file if step is None else step
+    paths = []
+    for f in range(files):
+        path = folder / (name.format(f) + ".jsonl")
+        path.write_text("".join(json.dumps({"id": f * step + i}) + "\n" for i in range(per_file)))
+        paths.append(str(path))
+    return paths
+
+
 def text_lines(n: int, seed: int = 0, *, long_every: int = 0, long_length: int = 500) -> list[str]:
     """``n`` lines of text: empty ones, unicode, awkward characters; ``long_every`` long ones."""
     rng = np.random.default_rng(seed)

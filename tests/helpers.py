@@ -3,10 +3,7 @@ every kind of step. (Module level, so DataLoader workers and process pools can p
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing
-import shutil
-import tempfile
 import time
 from collections import Counter
 from typing import Any
@@ -17,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import datapipes as dp
+from datapipes.dispatch import private_file_store
 from nodes import Node, UniformStream
 from nodes.testing import same
 
@@ -24,13 +22,16 @@ from nodes.testing import same
 
 
 def file_store() -> dist.FileStore:
-    """A store that in-process ranks share and their DataLoader workers reach by its path: a
-    ``FileStore`` in a temporary folder (removed at exit). Not a ``TCPStore`` hosted in this
-    process: a worker forked while its server thread resolves a client's name inherits
-    glibc's lookup lock held and can hang connecting (about 1 fork in 200)."""
-    folder = tempfile.mkdtemp(prefix="datapipes-test-store-")
-    atexit.register(shutil.rmtree, folder, True)
-    return dist.FileStore(f"{folder}/store", -1)
+    """A store that in-process ranks share and their DataLoader workers reach by its path
+    (the one-rank Loader's own kind, see ``datapipes.dispatch.private_file_store``). Not a
+    ``TCPStore`` hosted in this process: a worker forked while its server thread resolves a
+    client's name inherits glibc's lookup lock held and can hang connecting."""
+    store = private_file_store()
+    _KEPT.append(store)  # the folder goes with the store: keep it for the session
+    return store
+
+
+_KEPT: list[dist.FileStore] = []
 
 
 def dynamic_ranks(pipe: Any, world_size: int, store: Any, **options: Any) -> list[dp.Loader]:

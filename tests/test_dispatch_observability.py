@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from file_fixtures import write_id_files
 from helpers import dynamic_ranks, file_store
 
 import datapipes as dp
@@ -62,10 +63,7 @@ def store() -> dist.TCPStore:
 def recipe(tmp_path) -> Path:
     """A recipe file over 4 JSONL files of 100 records each (ids 0-399)."""
     data = tmp_path / "data"
-    data.mkdir()
-    for f in range(4):
-        lines = [json.dumps({"id": f * 100 + i}) for i in range(100)]
-        (data / f"p{f}.jsonl").write_text("\n".join(lines) + "\n")
+    write_id_files(data, 4, 100, name="p{}")
     path = tmp_path / "dispatch_recipe.py"
     path.write_text(RECIPE.format(data=str(data)))
     return path

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from file_fixtures import write_id_files
 from helpers import multiset
 
 import datapipes as dp
@@ -356,9 +357,7 @@ def test_a_damaged_merged_state_is_an_invalid_state_error():
 def test_fewer_remaining_files_than_consumers_are_split_into_parts(tmp_path):
     # 2 files of 100 records, 1 rank read 10: on 4 ranks the untouched file is split in 3
     # parts (what a fresh 3-consumer epoch reads of it), so no rank is left without data.
-    for f in range(2):
-        lines = "".join(json.dumps({"id": 1000 * f + i}) + "\n" for i in range(100))
-        (tmp_path / f"part{f}.jsonl").write_text(lines)
+    write_id_files(tmp_path, 2, 100, step=1000)
     pipe = dp.files(str(tmp_path / "*.jsonl")).read_jsonl(block_size=256)
     single = dp.Loader(pipe, seed=5)
     it = iter(single)

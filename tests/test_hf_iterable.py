@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
+from file_fixtures import write_id_files
 
 import datapipes as dp
 from nodes import Context
@@ -22,13 +23,7 @@ from datasets.distributed import split_dataset_by_node  # noqa: E402
 
 
 def jsonl_files(tmp_path, shards: int, per_shard: int) -> list[str]:
-    files = []
-    for shard in range(shards):
-        path = tmp_path / f"part{shard}.jsonl"
-        lines = (json.dumps({"id": shard * 1000 + i}) for i in range(per_shard))
-        path.write_text("\n".join(lines) + "\n")
-        files.append(str(path))
-    return files
+    return write_id_files(tmp_path, shards, per_shard, step=1000)
 
 
 def streaming(files: list[str]):
@@ -149,8 +144,13 @@ def test_set_epoch_reaches_an_hf_shuffle(tmp_path):
 def test_a_dataset_split_by_node_is_taken_as_this_ranks_data(tmp_path):
     files = jsonl_files(tmp_path, 4, 10)
     ranks = [
-        ids_of(dp.Loader(dp.from_iterable(split_dataset_by_node(streaming(files), r, 2)),
-                         rank=r, world_size=2))  # fmt: skip
+        ids_of(
+            dp.Loader(
+                dp.from_iterable(split_dataset_by_node(streaming(files), r, 2)),
+                rank=r,
+                world_size=2,
+            )
+        )
         for r in range(2)
     ]
     assert sorted(ranks[0] + ranks[1]) == every_id(files)
@@ -159,8 +159,9 @@ def test_a_dataset_split_by_node_is_taken_as_this_ranks_data(tmp_path):
     parts = [
         part
         for r in range(2)
-        for part in per_consumer(dp.from_iterable(split_dataset_by_node(streaming(files), r, 2)),
-                                 1, 2)  # fmt: skip
+        for part in per_consumer(
+            dp.from_iterable(split_dataset_by_node(streaming(files), r, 2)), 1, 2
+        )
     ]
     assert sorted(i for part in parts for i in part) == every_id(files)
 

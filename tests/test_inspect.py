@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from file_fixtures import write_id_files
 
 import datapipes as dp
 from datapipes.inspect import (
@@ -376,10 +377,7 @@ BATCHES = [2, 3, 1]
 def job(tmp_path):
     """A recipe file (ranged/records/taken) over 4 JSONL files of 50 records each."""
     data = tmp_path / "data"
-    data.mkdir()
-    for f in range(4):
-        lines = [json.dumps({"id": f * 50 + i}) for i in range(50)]
-        (data / f"p{f}.jsonl").write_text("\n".join(lines) + "\n")
+    write_id_files(data, 4, 50, name="p{}")
     path = tmp_path / "job_recipe.py"
     path.write_text(JOB_RECIPE.format(data=str(data)))
     return path

@@ -414,9 +414,11 @@ def test_same_draws_in_a_new_process():
 
 
 def _jsonl_files(tmp_path: Any, files: int, per_file: int) -> str:
-    for f in range(files):
-        lines = [json.dumps({"id": f * per_file + i}) for i in range(per_file)]
-        (tmp_path / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    # Imported here: a new process imports this module as tests.test_random_map, where the
+    # tests folder is not on the path.
+    from file_fixtures import write_id_files
+
+    write_id_files(tmp_path, files, per_file, name="part-{}")
     return str(tmp_path / "*.jsonl")
 
 
