@@ -53,7 +53,7 @@ import torch.distributed as dist
 from compare import cpu_seconds
 
 import datapipes as dp
-from nodes.dispatch.store import StoreClient, address_of
+from nodes.dispatch.store import StoreClient
 
 MEASURES = ("balance", "overhead", "units")
 MODES = ("static", "dynamic")
@@ -178,7 +178,7 @@ def rank_main(rank: int, plan: Plan) -> None:
         store.set(f"bench/result/{index}/{rank}", json.dumps(result))
     barrier(store, "claims", WORLD)
     if rank == 0:  # the cost of a claim from another process, the others idle
-        client = StoreClient(store, address_of(store, 60.0))
+        client = StoreClient(store, 60.0)
         for name, through in (("store", store), ("client", client)):
             cost = time_claims(through, f"bench/c1/{name}", CLAIMS)
             store.set(f"bench/claims/process/{name}", json.dumps(cost))
@@ -526,7 +526,7 @@ def main() -> None:
             + balance_table(best, ideal, labels, nominal)
         )
         if "units" in only:
-            client = StoreClient(store, address_of(store, 60.0))
+            client = StoreClient(store, 60.0)
             claim_us = {
                 "this process (the store's host), TCPStore object": time_claims(
                     store, "bench/c0/store", CLAIMS

@@ -33,7 +33,7 @@ from nodes import Context
 from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.dispatch.dispatcher import recorded_claims
-from nodes.dispatch.store import StoreAddress, StoreClient, address_of
+from nodes.dispatch.store import StoreAddress, StoreClient
 from nodes.errors import InvalidStateError, StateMismatchError
 
 if TYPE_CHECKING:
@@ -151,13 +151,13 @@ class DynamicDispatch:
                 )
             store = self._own_store = private_file_store()
         timeout = store.timeout.total_seconds() if hasattr(store, "timeout") else None
-        address = address_of(store, timeout or DEFAULT_STORE_TIMEOUT)
-        if address is None and num_workers:
+        client = StoreClient(store, timeout or DEFAULT_STORE_TIMEOUT)
+        if client.address is None and num_workers:
             raise ValueError(
                 f"dispatch='dynamic' with DataLoader workers needs a store they can reach: "
                 f"a TCPStore or FileStore, not a {type(store).__name__}"
             )
-        return StoreClient(store, address)
+        return client
 
     # ----- epochs ----------------------------------------------------------------------------
     def set_base(self, epoch: int, work: el.Work | None) -> None:

@@ -67,13 +67,19 @@ class StoreAddress:
             ) from error
 
 
-def address_of(store: Any, timeout: float) -> StoreAddress | None:
-    """The address of ``store`` (through ``PrefixStore`` wrappers), or ``None`` if it has none.
-
-    Dispatch keys are namespaced by the Loader itself, so a prefix is not needed.
-    """
+def unprefixed(store: Any) -> Any:
+    """``store`` without its ``PrefixStore`` wrappers: the keys must be the same in every
+    process, and a worker's client (opened from the address) has no prefix. (The default
+    process group's store is a ``PrefixStore("default_pg", TCPStore)``: through it the
+    Loader would read its workers' claims under keys they never wrote.) Dispatch keys are
+    namespaced by the Loader itself."""
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
+    return store
+
+
+def address_of(store: Any, timeout: float) -> StoreAddress | None:
+    """The address of ``store`` (an unprefixed one), or ``None`` if it has none."""
     if isinstance(store, dist.TCPStore):
         return StoreAddress("tcp", host=store.host, port=store.port, timeout=timeout)
     if isinstance(store, dist.FileStore):
@@ -88,13 +94,9 @@ class StoreClient:
     Pickles as its address; a store without one cannot leave its process.
     """
 
-    def __init__(self, store: Any, address: StoreAddress | None, describe: str = "") -> None:
-        # The keys must be the same in every process: a worker's client (opened from the
-        # address) has no prefix, so neither may this one. The default process group's
-        # store is a PrefixStore("default_pg", TCPStore): through it the Loader would read
-        # its workers' claims under keys they never wrote.
-        while isinstance(store, dist.PrefixStore):
-            store = store.underlying_store
+    def __init__(self, store: Any, timeout: float, describe: str = "") -> None:
+        store = unprefixed(store)
+        address = address_of(store, timeout)
         self._store = store
         self._pid = os.getpid()
         self._broken: str | None = None  # why the store counts as gone (a call timed out)
