@@ -289,7 +289,6 @@ class ReplayDispatch:
 
     def _check_claims(self) -> None:
         """Every claim names a unit of the epoch's work, and no unit is claimed twice."""
-        any_dispatcher = Dispatcher(self.spec, -1)
         owner: dict[tuple[str, int], int] = {}
         for consumer, claims in sorted(self._recorded.items()):
             for place, units in claims.items():
@@ -297,7 +296,7 @@ class ReplayDispatch:
                 if place not in self.spec.work:
                     raise InvalidStateError(where, "a source of the epoch's work", place)
                 try:
-                    count = len(any_dispatcher.units(place))
+                    count = len(self.spec.units(place))
                 except (KeyError, TypeError, ValueError, IndexError) as error:
                     raise InvalidStateError(
                         "ranks[...].dispatch.work", "the epoch's work by source", "?",
@@ -323,9 +322,8 @@ class ReplayDispatch:
     def unreached(self) -> el.Work:
         """The units no consumer reached: the epoch's work that was never handed out."""
         work: el.Work = {}
-        any_dispatcher = Dispatcher(self.spec, -1)
         for place, left in self.unreached_units().items():
-            units = any_dispatcher.units(place)
+            units = self.spec.units(place)
             pieces = [piece for index in left for piece in units[index]]
             el.add_work(work, place, self.spec.work[place]["kind"], pieces)
         return work
@@ -345,11 +343,10 @@ class ReplayDispatch:
                     reached.setdefault(place, set()).update(dispatcher.reached.get(place, []))
                 else:  # an input its graph had finished (a concat's earlier one): read whole
                     reached.setdefault(place, set()).update(units)
-        any_dispatcher = Dispatcher(self.spec, -1)
         left: dict[str, list[int]] = {}
         for place in self.spec.work:
             done = reached.get(place, set())
-            left[place] = [i for i in range(len(any_dispatcher.units(place))) if i not in done]
+            left[place] = [i for i in range(len(self.spec.units(place))) if i not in done]
         return left
 
 

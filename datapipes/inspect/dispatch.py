@@ -64,11 +64,8 @@ def unit_counts(record: Record, whole_epoch: dict[str, Any] | None) -> dict[str,
     work = record["work"] if record.get("work") is not None else whole_epoch
     if work is None:
         return {}
-    counter = Dispatcher(
-        DispatchSpec(None, "", record["epoch"], record["consumers"], record["unit_items"], work),
-        -1,
-    )
-    return {place: len(counter.units(place)) for place in work}
+    spec = DispatchSpec(None, "", record["epoch"], record["consumers"], record["unit_items"], work)
+    return {place: len(spec.units(place)) for place in work}
 
 
 def runs_text(units: list[int]) -> str:
@@ -169,7 +166,6 @@ def job_units(
     its units, how many some consumer claimed, and how many no consumer reached (handed
     out whole by a resume)."""
     unreached = replay.unreached_units()
-    counter = Dispatcher(replay.spec, -1)
     claimed: dict[str, set[int]] = {}
     for record in records:
         for places in record["claims"].values():
@@ -179,7 +175,7 @@ def job_units(
         {
             "place": place,
             "label": labels.get(place, place),
-            "units": len(counter.units(place)),
+            "units": len(replay.spec.units(place)),
             "claimed": len(claimed.get(place, set())),
             "unreached": len(unreached.get(place, [])),
         }

@@ -41,6 +41,24 @@ class DispatchSpec:
     consumers: int
     unit_items: int
     work: Work = field(default_factory=dict)
+    _units: dict[str, list[list[Piece]]] = field(default_factory=dict, repr=False, compare=False)
+
+    def units(self, place: str) -> list[list[Piece]]:
+        """Every unit of ``place``'s work (the same list in every process), cut once per
+        process however many consumers' dispatchers share the spec."""
+        units = self._units.get(place)
+        if units is None:
+            entry = self.work.get(place)
+            units = (
+                []
+                if entry is None
+                else units_of(entry["kind"], entry["pieces"], self.consumers, self.unit_items)
+            )
+            self._units[place] = units
+        return units
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_units": {}}  # workers cut their own: no large pickles
 
 
 def claims_key(key: str, place: str, consumer: int) -> str:
@@ -66,7 +84,6 @@ class Dispatcher:
     def use(self, spec: DispatchSpec) -> None:
         """Hand out ``spec``'s units from now on (a Loader's next epoch, same graph)."""
         self.spec = spec
-        self._units: dict[str, list[list[Piece]]] = {}
         self._current: dict[str, int] = {}
         #: The claims each source reached (its own list, which grows), by place.
         self.reached: dict[str, list[int]] = {}
@@ -85,19 +102,8 @@ class Dispatcher:
         return default if unit is None else self.units(place)[unit]
 
     def units(self, place: str) -> list[list[Piece]]:
-        """Every unit of ``place``'s work this epoch (the same list in every process)."""
-        units = self._units.get(place)
-        if units is None:
-            entry = self.spec.work.get(place)
-            units = (
-                []
-                if entry is None
-                else units_of(
-                    entry["kind"], entry["pieces"], self.spec.consumers, self.spec.unit_items
-                )
-            )
-            self._units[place] = units
-        return units
+        """Every unit of ``place``'s work this epoch (see :meth:`DispatchSpec.units`)."""
+        return self.spec.units(place)
 
     def point_at(self, place: str, unit: int) -> None:
         self._current[place] = unit
