@@ -31,6 +31,35 @@ def check_restartable(source: Any) -> None:
         )
 
 
+#: What an object's own code raises on a state it cannot use (a damaged checkpoint).
+_STATE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+def _unusable(obj: Any, error: Exception) -> InvalidStateError:
+    return InvalidStateError(
+        "inner",
+        f"a state that {type(obj).__name__}.load_state_dict can resume",
+        "?",
+        note=f"resuming from it failed: {type(error).__name__}: {error}",
+    )
+
+
+def _first_checked(items: Iterator[Any], obj: Any) -> Iterator[Any]:
+    """``items``, with an error at the first one (where objects such as an HF dataset apply
+    a loaded state) reported as the damaged state it comes from, not as a raw error."""
+    try:
+        first = next(items, _END)
+    except _STATE_ERRORS as error:
+        raise _unusable(obj, error) from error
+    if first is _END:
+        return
+    yield first
+    yield from items
+
+
+_END = object()
+
+
 class IterableNode(Node):
     """Yields the items of a re-iterable object, resuming as well as it allows.
 
@@ -110,8 +139,15 @@ class IterableNode(Node):
         if callable(set_epoch):  # an object that reshuffles per epoch (HF, a sampler) learns it
             set_epoch(self._ctx.epoch)
         if self.stateful:
-            obj.load_state_dict(self._initial_state if state is None else state["inner"])
-            self._it = self._iterate(obj)
+            if state is None:
+                obj.load_state_dict(self._initial_state)
+                self._it = self._iterate(obj)
+                return
+            try:
+                obj.load_state_dict(state["inner"])
+            except _STATE_ERRORS as error:
+                raise _unusable(obj, error) from error
+            self._it = _first_checked(self._iterate(obj), obj)
             return
         self._count = 0 if state is None else int(state["count"])
         self._it = self._iterate(obj)

@@ -16,6 +16,7 @@ import torch
 from file_fixtures import write_id_files
 
 import datapipes as dp
+from datapipes.checkpoint import node_digest
 from nodes import Context
 
 datasets = pytest.importorskip("datasets")
@@ -314,3 +315,21 @@ def test_set_epoch_reaches_an_hf_shuffle_in_worker_processes(tmp_path):
     epochs = [ids_of(loader) for _ in range(3)]
     assert all(sorted(epoch) == every_id(files) for epoch in epochs)
     assert len({tuple(epoch) for epoch in epochs}) == 3
+
+
+def test_a_damaged_hf_state_is_an_invalid_state_not_a_raw_error(tmp_path):
+    # The dataset's own state is opaque to us; HF applies it at the first item, where a
+    # damaged one raised a bare KeyError.
+    files = jsonl_files(tmp_path, 2, 10)
+    loader = dp.Loader(dp.from_iterable(streaming(files)))
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    node = json.loads(state["ranks"]["0"]["node"])
+    node["inner"]["examples_iterable"] = "garbage"
+    text = json.dumps(node, separators=(",", ":"))
+    state["ranks"]["0"].update(node=text, digest=node_digest(text))
+    resumed = dp.Loader(dp.from_iterable(streaming(files)))
+    resumed.load_state_dict(state)
+    with pytest.raises(dp.InvalidStateError, match=r"inner.*IterableDataset.load_state_dict"):
+        next(iter(resumed))
