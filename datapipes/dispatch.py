@@ -130,6 +130,8 @@ class DynamicDispatch:
                 "their Loaders by the order they make them, and must make the same ones (the "
                 "same recipe, seed and dispatch_unit_items) in the same order."
             )
+        #: Claims go through fenced claim lists (leases, see datapipes.takeover).
+        self.fenced = False
         self._attempts: dict[int, int] = {}
         self._base: tuple[int, el.Work] | None = None
         self.spec: DispatchSpec | None = None
@@ -184,6 +186,7 @@ class DynamicDispatch:
             self.consumers,
             self.unit_items,
             work,
+            fenced_per_rank=self.consumers // self._world_size if self.fenced else 0,
         )
         return self.spec
 
@@ -319,10 +322,21 @@ class ReplayDispatch:
         """``consumer`` delivered everything it claimed (its share had ended)."""
         self._finished.add(consumer)
 
-    def unreached(self) -> el.Work:
-        """The units no consumer reached: the epoch's work that was never handed out."""
+    def unreached(self, *, claimed_only: bool = False) -> el.Work:
+        """The units no consumer reached: the epoch's work that was never handed out.
+
+        ``claimed_only``: only units the recorded consumers had claimed (the work of a
+        rank taken over while the others still hand out the rest, see
+        :mod:`datapipes.takeover`).
+        """
+        claimed: dict[str, set[int]] = {}
+        for claims in self._recorded.values():
+            for place, units in claims.items():
+                claimed.setdefault(place, set()).update(units)
         work: el.Work = {}
         for place, left in self.unreached_units().items():
+            if claimed_only:
+                left = [index for index in left if index in claimed.get(place, ())]
             units = self.spec.units(place)
             pieces = [piece for index in left for piece in units[index]]
             el.add_work(work, place, self.spec.work[place]["kind"], pieces)

@@ -30,6 +30,7 @@ from datapipes.loader_stats import LoaderStats
 from datapipes.pipe import DataPipe
 from datapipes.progress import ProgressBar, progress_bar_class
 from datapipes.stats import PipelineStats
+from datapipes.takeover import Takeovers, check_lease_seconds
 from datapipes.topology import resolve_topology
 from datapipes.workers import (
     runtime_recipe,
@@ -137,6 +138,10 @@ class Loader:
     ``torch.distributed`` store; default: the process group's, or one of its own
     for a single rank), so a slow rank reads less; checkpoints stay exact and
     resume on any topology, dynamic or static (see :mod:`datapipes.dispatch`).
+    ``dispatch_lease_seconds=s`` (several ranks that run no collectives) lets the
+    ranks that finished take over, within the epoch, the units of a rank that
+    stopped renewing its lease for ``s`` seconds; a stalled rank that wakes up
+    has its late items dropped (see :mod:`datapipes.takeover`).
     """
 
     def __init__(
@@ -157,6 +162,7 @@ class Loader:
         dispatch: str = "static",
         store: Any = None,
         dispatch_unit_items: int = DEFAULT_UNIT_ITEMS,
+        dispatch_lease_seconds: float | None = None,
         **dataloader_options: Any,
     ) -> None:
         _check_arguments(pipe, num_workers, dataloader_options)
@@ -196,8 +202,16 @@ class Loader:
             if not num_workers:  # this process is the rank's one consumer: it claims here
                 placeholder = DispatchSpec(None, "", -1, 1, 1)
                 self._context.dispatch = Dispatcher(placeholder, self.topology.rank)
-        elif store is not None:
-            raise ValueError("store= is for dispatch='dynamic'; static dealing needs no store")
+        elif store is not None or dispatch_lease_seconds is not None:
+            which = "store=" if store is not None else "dispatch_lease_seconds="
+            raise ValueError(f"{which} is for dispatch='dynamic'; static dealing has no claims")
+        self._takeovers: Takeovers | None = None
+        if dispatch_lease_seconds is not None:
+            check_lease_seconds(dispatch_lease_seconds, even_batches)
+            if self.world_size > 1:  # with one rank there is nobody to take over
+                self._takeovers = Takeovers(self, float(dispatch_lease_seconds))
+                assert self._dispatch is not None
+                self._dispatch.fenced = True
         # Listed once, at the first build; by rank 0 for all when the ranks iterate together.
         self._listings = JobListings(pipe, self._even.group)
         self._cursor = EpochCursor()
@@ -291,6 +305,9 @@ class Loader:
             # iterator of an earlier epoch is collected, that would close the graph the
             # current epoch is reading; so only this run's own exit closes it, below.
             items = chain(items)  # the same items, through an iterator that has no close()
+        if self._takeovers is not None:
+            assert self._dispatch is not None and self._dispatch.spec is not None
+            items = self._takeovers.deliver(items, self._dispatch.spec)
         self._stats.clock.start()
         bar = None
         if self.progress:
@@ -422,6 +439,8 @@ class Loader:
         To resume on another world size or number of workers, merge every
         rank's state with :func:`datapipes.merge_states`.
         """
+        if self._takeovers is not None:
+            self._takeovers.check_checkpoint()
         root = self._root
         epoch, node = self._cursor.position(None if root is None else root.state_dict)
         if self._fresh is not None and node is not None and self._fresh == (epoch, node):
@@ -583,6 +602,23 @@ class Loader:
             root.validate_state(node, checkpoint.node_path(self.rank))
         finally:
             root.close()
+
+    def _state_for(self, rank: int) -> dict[str, Any]:
+        """A state of this job at the start of the running epoch, with ``rank``'s entry (a
+        rank taken over before it published its own, see datapipes.takeover)."""
+        assert self._dispatch is not None
+        per_rank = max(self.num_workers, 1)
+        epoch = self._cursor.epoch
+        return checkpoint.make_state(
+            fingerprint=self._fingerprint,
+            steps=self._steps,
+            seed=self.seed,
+            topology=self._topology_record(),
+            rank=rank,
+            epoch=epoch,
+            node=None,
+            dispatch=self._dispatch.record(epoch, range(rank * per_rank, (rank + 1) * per_rank)),
+        )
 
     def _topology_record(self) -> dict[str, Any]:
         return checkpoint.topology_record(self.world_size, self.num_workers, self.even_batches)

@@ -41,6 +41,8 @@ class DispatchSpec:
     consumers: int
     unit_items: int
     work: Work = field(default_factory=dict)
+    #: Consumers per rank when leases fence the claims (see :func:`fenced_claim`), else 0.
+    fenced_per_rank: int = 0
     _units: dict[str, list[list[Piece]]] = field(default_factory=dict, repr=False, compare=False)
 
     def units(self, place: str) -> list[list[Piece]]:
@@ -63,6 +65,52 @@ class DispatchSpec:
 
 def claims_key(key: str, place: str, consumer: int) -> str:
     return f"{key}/claims/{place}/{consumer}"
+
+
+def pointer_key(key: str, place: str) -> str:
+    return f"{key}/next/{place}"
+
+
+#: A fenced claim list's entry that seals a rank: no consumer of it claims after it.
+SEAL = "S"
+
+
+def claimants(raw: bytes | str | None) -> list[str]:
+    """The entries of a fenced claim list: consumer ids (the i-th claimed unit i) and
+    seals ``"S<rank>"`` (which claim nothing)."""
+    text = raw.decode() if isinstance(raw, bytes) else (raw or "")
+    return [entry for entry in text.split(",") if entry]
+
+
+def claims_in(entries: list[str], consumer: int) -> list[int]:
+    """The units ``consumer`` claimed in a fenced claim list (seals take no unit)."""
+    units, unit = [], 0
+    for entry in entries:
+        if entry.startswith(SEAL):
+            continue
+        if entry == str(consumer):
+            units.append(unit)
+        unit += 1
+    return units
+
+
+def fenced_claim(client: StoreClient, key: str, consumer: int, rank: int) -> int | None:
+    """Claim the next unit in a fenced claim list: ``compare_set`` appends this consumer
+    to the list (its length before is the unit), unless the list seals ``rank``: then
+    ``None``. One atomic write both claims and checks the fence, so a consumer of a rank
+    whose lease was taken over can never claim a unit its taker did not see."""
+    seal = f"{SEAL}{rank}"
+    current = client.get_or_none(key) or b""
+    while True:
+        entries = claimants(current)
+        if seal in entries:
+            return None
+        unit = sum(1 for entry in entries if not entry.startswith(SEAL))
+        wanted = current.decode() + f"{consumer},"
+        now = client.compare_set(key, current.decode(), wanted)
+        if now.decode() == wanted:
+            return unit
+        current = now
 
 
 def recorded_claims(client: StoreClient, key: str, place: str, consumer: int) -> list[int]:
@@ -124,7 +172,13 @@ class Dispatcher:
         client = self.spec.client
         assert client is not None
         started = perf_counter()
-        unit = client.add(f"{self.spec.key}/next/{place}", 1) - 1
+        pointer = pointer_key(self.spec.key, place)
+        if self.spec.fenced_per_rank:
+            rank = self.consumer // self.spec.fenced_per_rank
+            fenced = fenced_claim(client, pointer, self.consumer, rank)
+            unit = count if fenced is None else fenced  # sealed: this rank claims no more
+        else:
+            unit = client.add(pointer, 1) - 1
         if unit < count:  # recorded before it is read: a checkpoint finds it
             client.append(claims_key(self.spec.key, place, self.consumer), f"{unit},")
             self.claimed[place] = self.claimed.get(place, 0) + 1

@@ -1,0 +1,359 @@
+"""A stalled or dead rank's units, taken over by the others within the running epoch.
+
+``dp.Loader(..., dispatch="dynamic", dispatch_lease_seconds=s)`` gives every
+rank a lease on what it claimed (:mod:`nodes.dispatch.lease`): its position is
+written ahead of each item it delivers, and its claims are fenced (a rank's
+consumers claim through one list that a taker seals, see
+:func:`nodes.dispatch.dispatcher.fenced_claim`). A rank that has delivered
+everything it claimed does not end its epoch at once: it waits until every
+other rank is done too. A lease that stays the same for ``s`` seconds is
+stale: the waiting rank takes it over (``compare_set``, so only one does),
+works out what that rank had not delivered (its published position, replayed
+like a checkpoint, plus its claimed units it had not reached) and publishes
+it as a *takeover phase*. Every waiting rank reads the phase's units, claimed
+one at a time as usual, in its own process (no DataLoader workers: a takeover
+is the rare path). The stalled rank, if it wakes, finds its lease gone at its
+next item: that item is dropped, its epoch ends, and it warns.
+
+Without a checkpoint, nothing is lost or repeated: every item is delivered
+once, by the rank that held its lease when it was delivered. A checkpoint of a
+rank that is reading a takeover phase is refused (its position spans another
+rank's work); the ranks' next epoch checkpoints as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from datapipes import checkpoint
+from datapipes.checkpoint_schema import node_state
+from nodes import UPSTREAM, Context
+from nodes import elastic as el
+from nodes import torchdata_adapter as torchdata
+from nodes.dispatch import Dispatcher, DispatchSpec
+from nodes.dispatch.dispatcher import SEAL, claimants, claims_in, pointer_key
+from nodes.dispatch.lease import DONE, TAKEN, Lease, LeaseLost, LeaseWatch, lease_key
+from nodes.errors import InvalidStateError
+
+if TYPE_CHECKING:
+    from datapipes.loader import Loader
+
+#: Seconds between looks at the other ranks' leases while waiting at an epoch's end.
+POLL_SECONDS = 0.05
+
+
+class LeaseTakenWarning(RuntimeWarning):
+    """This rank's lease was taken over: another rank delivered the rest of its units."""
+
+
+class TakeoverCheckpointError(RuntimeError):
+    """A checkpoint was asked for while this rank read a stalled rank's units."""
+
+
+def check_lease_seconds(seconds: Any, even_batches: bool | None) -> None:
+    """Refuse a ``dispatch_lease_seconds`` the Loader cannot run with, saying why."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ValueError(f"dispatch_lease_seconds must be a number > 0, got {seconds!r}")
+    if even_batches:
+        raise ValueError(
+            "dispatch_lease_seconds is for ranks that run no collectives (inference, "
+            "evaluation, data processing): in a DDP job a stalled rank stalls every rank "
+            "in its all_reduce, and a dead one ends the job, so the last checkpoint is what "
+            "resumes it. Pass even_batches=False, or leave dispatch_lease_seconds unset"
+        )
+
+
+def _text(state: dict[str, Any]) -> str:
+    return json.dumps(state, separators=(",", ":"))
+
+
+def seal(client: Any, key: str, rank: int) -> list[str]:
+    """Seal ``rank``'s claims on the fenced claim list ``key``; the list's entries then."""
+    current = client.get_or_none(key) or b""
+    while True:
+        entries = claimants(current)
+        if f"{SEAL}{rank}" in entries:
+            return entries
+        wanted = current.decode() + f"{SEAL}{rank},"
+        now = client.compare_set(key, current.decode(), wanted)
+        if now.decode() == wanted:
+            return claimants(wanted)
+        current = now
+
+
+def taken_work(
+    pipe: Any, state: dict[str, Any], rank: int, since: int, client: Any, listings: Any
+) -> el.Work:
+    """What ``rank`` had not delivered: its state ``state`` (a Loader state) ``since``
+    items on, and the units its consumers claimed but had not reached.
+
+    Its claims are sealed first (no consumer of it claims after this), then read from
+    the store: they include units claimed after ``state`` was published.
+    """
+    from datapipes import elastic  # elastic imports the dispatch modules: import it late
+
+    checkpoint.check_shape(state)
+    setup = checkpoint.saved_setup(state)
+    entry = dict(state["ranks"][str(rank)])
+    record = dict(entry["dispatch"])
+    per_rank = max(setup["num_workers"], 1)
+    consumers = range(rank * per_rank, (rank + 1) * per_rank)
+    claims: dict[str, dict[str, list[int]]] = {str(c): {} for c in consumers}
+    for place in {place for units in record["claims"].values() for place in units}:
+        entries = seal(client, pointer_key(record["key"], place), rank)
+        for consumer in consumers:
+            claims[str(consumer)][place] = claims_in(entries, consumer)
+    record["claims"] = claims
+    entry["dispatch"] = record
+    epoch = entry["epoch"]
+    ranks = {str(rank): entry}
+    path = checkpoint.node_path(rank)
+    node = node_state(entry["node"], path)
+    replay = elastic._replay_dispatch(pipe, setup, ranks, epoch, listings)
+    assert replay is not None
+    if since:
+        node = _advanced(pipe, setup, rank, epoch, node, since, replay, listings)
+    works = elastic._rank_work(pipe, setup, rank, epoch, node, None, listings, None, replay)
+    works.append(replay.unreached(claimed_only=True))
+    return el.merge_work(works)
+
+
+def _advanced(
+    pipe: Any,
+    setup: dict[str, Any],
+    rank: int,
+    epoch: int,
+    node: Any,
+    since: int,
+    replay: Any,
+    listings: Any,
+) -> Any:
+    """``node`` (a rank's Loader graph state) after ``since`` more items were delivered."""
+    from datapipes import elastic
+
+    if setup["num_workers"]:  # the DataLoader replays them from its snapshot
+        return _with_more_steps(node, since, checkpoint.node_path(rank))
+    ctx = elastic._context(setup, rank, 0, epoch, None, listings, replay)
+    root = pipe.build(ctx)
+    try:
+        if node is not None:
+            root.validate_state(node, checkpoint.node_path(rank))
+        root.reset(node)
+        items = iter(root)
+        for _ in range(since):
+            next(items)
+        return root.state_dict()
+    except StopIteration:
+        raise InvalidStateError(
+            checkpoint.node_path(rank), "a position within the data", "?",
+            note=f"the lease said {since} items were delivered after it; the data ran out",
+        ) from None  # fmt: skip
+    finally:
+        root.close()
+
+
+def _with_more_steps(node: Any, since: int, path: str) -> Any:
+    if not isinstance(node, dict):
+        raise InvalidStateError(path, "a DataLoader state to replay items after", node)
+    if "dataloader" in node:
+        loader = node["dataloader"]
+        summary = torchdata.snapshot_summary(loader)
+        moved = torchdata.at_step(loader, summary["snapshot_step"] + summary["steps_since"] + since)
+        return {**node, "dataloader": moved}
+    return {**node, UPSTREAM: _with_more_steps(node.get(UPSTREAM), since, path)}
+
+
+class Takeovers:
+    """A Loader's leases and takeovers (see the module doc): one per Loader."""
+
+    def __init__(self, loader: Loader, lease_seconds: float) -> None:
+        self.loader = loader
+        self.lease_seconds = lease_seconds
+        self.lease: Lease | None = None
+        self.reading_phase: int | None = None  # the taken rank whose units this rank reads
+
+    @property
+    def client(self) -> Any:
+        assert self.loader._dispatch is not None
+        return self.loader._dispatch.client
+
+    # ----- the rank's own units -------------------------------------------------------------
+    def deliver(self, items: Iterator[Any], spec: DispatchSpec) -> Iterator[Any]:
+        """``items`` with the lease written ahead of each; ends (dropping the item) when the
+        lease was taken over. Then, when ``items`` ended, the takeover phases."""
+        lease = self.lease
+        if lease is None or lease.key != lease_key(spec.key, self.loader.rank) or lease.lost:
+            lease = self.lease = Lease(self.client, spec.key, self.loader.rank, self.lease_seconds)
+        try:
+            start = self.loader.state_dict()
+            lease.start(_text(start))
+            at_start = start["ranks"][str(self.loader.rank)]["node"] is None
+            for item in items:
+                if at_start or lease.due():
+                    state = self.loader.state_dict()
+                    lease.publish_state(_text(state))
+                    at_start = state["ranks"][str(self.loader.rank)]["node"] is None
+                else:
+                    lease.delivered()
+                yield item
+            yield from self._after(spec)
+        except LeaseLost as lost:
+            warnings.warn(
+                f"{lost}; this rank ends epoch {spec.epoch} here (the item it was about to "
+                "deliver went to that rank too)",
+                LeaseTakenWarning,
+                stacklevel=2,
+            )
+        finally:
+            lease.close()
+            self.reading_phase = None
+
+    # ----- at the end: wait for the others, take over the stalled ------------------------------
+    def _after(self, spec: DispatchSpec) -> Iterator[Any]:
+        lease = self.lease
+        assert lease is not None
+        loader = self.loader
+        watch = LeaseWatch(
+            self.client, spec.key, loader.rank, loader.world_size, self.lease_seconds
+        )
+        read: set[int] = set()  # the taken ranks whose units this rank read
+        lease.finish(0)
+        while True:
+            leases = watch.scan()
+            taken = sorted(r for r, (_, v) in leases.items() if v and v["status"] == TAKEN)
+            new = [r for r in taken if r not in read]
+            if new:
+                for r in new:
+                    yield from self._phase(spec, r, leases[r][1] or {})
+                    read.add(r)
+                lease.finish(len(read))
+                continue
+            waiting, stale = watch.pending(leases, len(read))
+            if not waiting:
+                return
+            for rank, raw in stale:
+                self._take(spec, watch, rank, raw)
+            time.sleep(POLL_SECONDS)
+
+    def _take(self, spec: DispatchSpec, watch: LeaseWatch, rank: int, raw: bytes) -> None:
+        """Take ``rank``'s lease over (if it still holds ``raw``) and publish its work."""
+        lease = self.lease
+        assert lease is not None
+        lease.publish_state(_text(self.loader.state_dict()))  # active again: a taker holds work
+        old = watch.take(rank, raw)
+        if old is None:  # another rank was first, or it woke up
+            return
+        work: el.Work = {}
+        if old["status"] != DONE:
+            work = self._work_of(spec, watch, rank, old)
+        self.client.set(f"{spec.key}/takeover/{rank}", json.dumps(work))
+
+    def _work_of(
+        self, spec: DispatchSpec, watch: LeaseWatch, rank: int, old: dict[str, Any]
+    ) -> el.Work:
+        loader = self.loader
+        number = old.get("state", -1)
+        text = watch.state_text(rank, number) if number >= 0 else None
+        if text is None:  # it never published a position: it delivered nothing this epoch
+            state = loader._state_for(rank)
+            since = 0
+        else:
+            try:
+                state = json.loads(text)
+            except ValueError as error:
+                raise InvalidStateError(
+                    f"dispatch lease {rank} state {number}", "a Loader state (JSON)", text[:60]
+                ) from error
+            since = int(old.get("since", 0))
+        listings = loader._listings.get(loader._context)
+        return taken_work(loader.pipe, state, rank, since, self.client, listings)
+
+    def _phase(self, spec: DispatchSpec, taken: int, value: dict[str, Any]) -> Iterator[Any]:
+        """Read (with the other waiting ranks) the units of ``taken``'s takeover phase."""
+        loader = self.loader
+        raw = None
+        deadline = time.monotonic() + self.lease_seconds
+        while raw is None:  # its taker publishes the work right after taking the lease
+            raw = self.client.get_or_none(f"{spec.key}/takeover/{taken}")
+            if raw is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"dynamic dispatch: rank {value.get('by')} took over rank {taken}'s "
+                        f"lease but did not publish its work within {self.lease_seconds:g} s"
+                    )
+                time.sleep(POLL_SECONDS)
+        work = json.loads(raw)
+        if not work:
+            return
+        phase = DispatchSpec(
+            self.client, f"{spec.key}/x{taken}", spec.epoch, loader.world_size,
+            spec.unit_items, work, fenced_per_rank=1,
+        )  # fmt: skip
+        ctx = Context(
+            rank=loader.rank, world_size=loader.world_size, epoch=spec.epoch, seed=loader.seed
+        )
+        ctx.listings = loader._listings.get(loader._context)
+        ctx.dispatch = ctx.plans = Dispatcher(phase, loader.rank)
+        ctx.plans_epoch = spec.epoch
+        root = loader.pipe.build(ctx)
+        lease = self.lease
+        assert lease is not None
+        self.reading_phase = taken
+        try:
+            state_of = self._phase_state(phase, root)
+            # Active at the phase's start before the reset claims its first unit: a taker
+            # of this rank then replays every unit it claimed in the phase.
+            lease.publish_state(state_of(start=True), phase=taken)
+            root.reset(None)
+            for item in root:
+                if lease.due():
+                    lease.publish_state(state_of(), phase=taken)
+                else:
+                    lease.delivered()
+                yield item
+        finally:
+            self.reading_phase = None
+            root.close()
+
+    def _phase_state(self, phase: DispatchSpec, root: Any) -> Any:
+        """The phase's position as a one-consumer-per-rank Loader state (what a taker of
+        this rank converts)."""
+        loader = self.loader
+        record = {
+            "epoch": phase.epoch,
+            "key": phase.key,
+            "consumers": phase.consumers,
+            "unit_items": phase.unit_items,
+            "work": phase.work,
+            "claims": {str(loader.rank): {place: [] for place in phase.work}},
+        }
+
+        def state_text(start: bool = False) -> str:
+            return _text(
+                checkpoint.make_state(
+                    fingerprint=loader._fingerprint,
+                    steps=loader._steps,
+                    seed=loader.seed,
+                    topology=checkpoint.topology_record(loader.world_size, 0, False),
+                    rank=loader.rank,
+                    epoch=phase.epoch,
+                    node=None if start else root.state_dict(),
+                    dispatch=record,
+                )
+            )
+
+        return state_text
+
+    def check_checkpoint(self) -> None:
+        """Refuse a checkpoint while this rank reads a taken-over rank's units."""
+        if self.reading_phase is not None:
+            raise TakeoverCheckpointError(
+                f"rank {self.loader.rank} is reading the units it took over from stalled rank "
+                f"{self.reading_phase} (dispatch_lease_seconds): a checkpoint now would have "
+                "to hold that rank's position too. Checkpoint before the epoch's end, or "
+                "after it: the next epoch's states are ordinary"
+            )

@@ -1,0 +1,234 @@
+"""Leases: a rank's hold on the units it claimed, which the others take over if it stalls.
+
+Under dynamic dispatch with ``dispatch_lease_seconds`` every rank holds a lease
+on its epoch's claims: one key in the store, ``{epoch key}/lease/{rank}``,
+whose value says where the rank's delivery stands. The holder rewrites it with
+``compare_set`` *before* it hands each item to the training loop (write-ahead),
+and a thread renews it (a heartbeat) while the training loop works. Because
+every write names the value it replaces, the lease is also its own fence: once
+another rank took it over (a ``compare_set`` of its own), the holder's next
+write fails, and the item it was about to deliver is dropped, never delivered
+twice.
+
+A value is a small JSON object:
+
+- ``status``: ``"active"`` (the rank is delivering), ``"done"`` (it delivered
+  everything it claimed, ``phases`` takeovers seen), ``"taken"`` (``by`` rank);
+- ``beat``: the generation, +1 on every write, so a rank that stopped can be
+  told from one that kept the same position;
+- ``state``, ``since``: the rank's full position is published under
+  ``{lease}/state/{state}`` every so many items (a Loader state, which costs
+  ~0.1-0.4 ms), and ``since`` counts the items delivered after it (a write of a
+  few bytes per item): a taker restores that state and replays ``since`` items,
+  as a resume replays the items after a DataLoader snapshot.
+
+A rank that finished its claims waits for the other ranks' leases: a lease that
+stays the same for ``lease_seconds`` (by the waiter's clock) is stale, and the
+waiter takes it over (see :mod:`datapipes.takeover`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodes.dispatch.store import StoreClient
+
+#: Statuses of a lease value.
+ACTIVE, DONE, TAKEN = "active", "done", "taken"
+#: A full state is published at least every this many items delivered...
+STATE_EVERY_ITEMS = 64
+#: ... and at least every this many seconds (bounds the items a taker replays).
+STATE_EVERY_SECONDS = 1.0
+
+
+class LeaseLost(RuntimeError):
+    """This rank's lease was taken over: another rank delivers what it had claimed."""
+
+    def __init__(self, rank: int, value: dict[str, Any]) -> None:
+        self.taken_by = value.get("by")
+        super().__init__(
+            f"rank {rank}'s dispatch lease was taken over by rank {self.taken_by}: it went "
+            "longer than dispatch_lease_seconds without renewing it (stopped, frozen or "
+            "cut off), so that rank now delivers the rest of this rank's units"
+        )
+
+
+def lease_key(key: str, rank: int) -> str:
+    return f"{key}/lease/{rank}"
+
+
+def encode(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def decode(raw: bytes | None, where: str) -> dict[str, Any] | None:
+    """A lease value read from the store, or ``None`` for none; a damaged one is an error."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError as error:
+        raise ValueError(f"dispatch lease {where} holds no JSON ({raw[:60]!r})") from error
+    if (
+        not isinstance(value, dict)
+        or value.get("status") not in (ACTIVE, DONE, TAKEN)
+        or type(value.get("beat")) is not int
+    ):
+        raise ValueError(f"dispatch lease {where} is damaged: {raw[:200]!r}")
+    return value
+
+
+class Lease:
+    """The holder's side: this rank's lease in one epoch (see the module doc).
+
+    ``publish_state(text)`` publishes a full position (and resets ``since``),
+    ``delivered()`` notes one more item; both raise :class:`LeaseLost` when the
+    lease was taken over. ``finish(phases)`` marks it done; ``resume()`` makes a
+    done lease active again (the rank reads a taken-over rank's units).
+    """
+
+    def __init__(self, client: StoreClient, key: str, rank: int, lease_seconds: float) -> None:
+        self.client, self.rank = client, rank
+        self.key = lease_key(key, rank)
+        self.lease_seconds = lease_seconds
+        self._lock = threading.Lock()
+        self._value: dict[str, Any] = {"status": ACTIVE, "beat": 0, "state": -1, "since": 0}
+        self._text = ""  # what the store holds now (to compare_set against)
+        self._lost: dict[str, Any] | None = None
+        self._published_at = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----- writes (each one a compare_set against the last) --------------------------------
+    def _write(self, **changes: Any) -> None:
+        with self._lock:
+            if self._lost is not None:
+                raise LeaseLost(self.rank, self._lost)
+            value = {**self._value, **changes, "beat": self._value["beat"] + 1}
+            text = encode(value)
+            now = self.client.compare_set(self.key, self._text, text).decode()
+            if now != text:
+                self._lost = decode(now.encode(), self.key) or {"by": None}
+                self._stop.set()
+                raise LeaseLost(self.rank, self._lost)
+            self._value, self._text = value, text
+
+    def start(self, state_text: str) -> None:
+        """Take the lease at ``state`` (a taker may have fenced it already: LeaseLost), or
+        continue holding it (the same epoch iterated again after ``close()``)."""
+        if self._text:
+            self.publish_state(state_text)
+        else:
+            self.client.set(f"{self.key}/state/0", state_text)
+            self._write(status=ACTIVE, state=0, since=0, phase=-1, phases=0)
+            self._published_at = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat, args=(self._stop,), name=f"datapipes-lease-{self.rank}",
+            daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+
+    def due(self) -> bool:
+        """Whether the next item should publish a full state (see the module doc)."""
+        return (
+            self._value["since"] >= STATE_EVERY_ITEMS
+            or time.monotonic() - self._published_at >= STATE_EVERY_SECONDS
+        )
+
+    def publish_state(self, state_text: str, *, phase: int | None = None) -> None:
+        """Publish ``state_text`` as the position (before the item it covers is delivered)."""
+        number = self._value["state"] + 1
+        self.client.set(f"{self.key}/state/{number}", state_text)
+        changes: dict[str, Any] = {"status": ACTIVE, "state": number, "since": 0}
+        if phase is not None:
+            changes["phase"] = phase
+        self._write(**changes)
+        self._published_at = time.monotonic()
+
+    def delivered(self) -> None:
+        """One more item is about to be delivered after the published state."""
+        self._write(since=self._value["since"] + 1)
+
+    def finish(self, phases: int) -> None:
+        """Everything claimed was delivered; ``phases`` takeovers were seen (and read)."""
+        self._write(status=DONE, phases=phases)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    @property
+    def lost(self) -> bool:
+        return self._lost is not None
+
+    def _beat(self, stop: threading.Event) -> None:
+        """Renew the lease while the training loop works between items."""
+        interval = self.lease_seconds / 4
+        while not stop.wait(interval):
+            try:
+                if self._value["status"] == ACTIVE:
+                    self._write()
+            except LeaseLost:
+                return
+            except Exception:  # noqa: BLE001 - the store is gone: the next item says so
+                return
+
+
+@dataclass
+class LeaseWatch:
+    """A waiting rank's view of the other ranks' leases: which are stale, and taking one."""
+
+    client: StoreClient
+    key: str
+    rank: int
+    world_size: int
+    lease_seconds: float
+    _seen: dict[int, tuple[bytes, float]] = field(default_factory=dict)
+
+    def read(self, rank: int) -> tuple[bytes, dict[str, Any] | None]:
+        raw = self.client.get_or_none(lease_key(self.key, rank)) or b""
+        return raw, decode(raw, lease_key(self.key, rank))
+
+    def scan(self) -> dict[int, tuple[bytes, dict[str, Any] | None]]:
+        """Every other rank's lease: ``{rank: (raw value, decoded or None)}``."""
+        return {rank: self.read(rank) for rank in range(self.world_size) if rank != self.rank}
+
+    def pending(
+        self, leases: dict[int, tuple[bytes, dict[str, Any] | None]], phases: int
+    ) -> tuple[list[int], list[tuple[int, bytes]]]:
+        """``(ranks still delivering, stale ones with the value seen)`` among ``leases``:
+        a rank is through when its lease is taken, or done having seen ``phases``
+        takeovers. A lease is stale when it stayed the same for ``lease_seconds``."""
+        waiting, stale = [], []
+        now = time.monotonic()
+        for rank, (raw, value) in leases.items():
+            if value is not None and (
+                value["status"] == TAKEN
+                or (value["status"] == DONE and value.get("phases", 0) >= phases)
+            ):
+                continue
+            waiting.append(rank)
+            seen = self._seen.get(rank)
+            if seen is None or seen[0] != raw:
+                self._seen[rank] = (raw, now)
+            elif now - seen[1] >= self.lease_seconds:
+                stale.append((rank, raw))
+        return waiting, stale
+
+    def take(self, rank: int, raw: bytes) -> dict[str, Any] | None:
+        """Take ``rank``'s lease if it still holds ``raw``: its value then, else ``None``."""
+        old = decode(raw, lease_key(self.key, rank))
+        beat = old["beat"] + 1 if old is not None else 0
+        taken = encode({"status": TAKEN, "by": self.rank, "beat": beat})
+        now = self.client.compare_set(lease_key(self.key, rank), raw.decode(), taken).decode()
+        if now != taken:
+            return None
+        return old or {"status": ACTIVE, "beat": -1, "state": -1, "since": 0, "phase": -1}
+
+    def state_text(self, rank: int, number: int) -> str | None:
+        raw = self.client.get_or_none(f"{lease_key(self.key, rank)}/state/{number}")
+        return None if raw is None else raw.decode()

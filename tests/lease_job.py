@@ -1,0 +1,58 @@
+"""One rank of a job whose ranks share a store and run no collectives (dispatch leases).
+
+``python tests/lease_job.py CONFIG_JSON``: the config names the ``rank``, ``world_size``,
+the FileStore ``store`` path, the JSONL ``data`` glob, ``workers``, ``lease`` seconds and
+``out`` (a file: every delivered record's id, one per line, flushed as it arrives). The
+``stall_rank`` stops itself (SIGSTOP) after ``after`` items, until the test continues it;
+the ``kill_rank`` SIGKILLs itself after ``after`` items. At the end a rank writes
+``done <rank> <warnings>`` to ``out`` (the warnings it got: a fenced rank's says so).
+The ranks start iterating together (a counter in the store) and spend ``delay`` seconds
+per item, so that their epochs overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+from datetime import timedelta
+
+import torch.distributed as dist
+
+import datapipes as dp
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    rank = config["rank"]
+    store = dist.FileStore(config["store"], -1)
+    store.set_timeout(timedelta(seconds=60))
+    pipe = dp.files(config["data"]).shuffle().read_jsonl().shuffle(buffer_size=8)
+    loader = dp.Loader(
+        pipe, seed=3, rank=rank, world_size=config["world_size"], num_workers=config["workers"],
+        dispatch="dynamic", store=store, dispatch_unit_items=config.get("unit", 8),
+        dispatch_lease_seconds=config["lease"], even_batches=False,
+    )  # fmt: skip
+    store.add("ready", 1)  # start together: no rank reads the epoch before the others came
+    while store.add("ready", 0) < config["world_size"]:
+        time.sleep(0.01)
+    with open(config["out"], "a") as out, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for count, record in enumerate(loader, 1):
+            out.write(f"{record['id']}\n")
+            out.flush()
+            time.sleep(config.get("delay", 0.005))  # the training step
+            if count == config.get("after"):
+                if rank == config.get("stall_rank"):
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                if rank == config.get("kill_rank"):
+                    os.kill(os.getpid(), signal.SIGKILL)
+        kinds = sorted({type(w.message).__name__ for w in caught})
+        out.write(f"done {rank} {','.join(kinds) or '-'}\n")
+
+
+if __name__ == "__main__":
+    main()

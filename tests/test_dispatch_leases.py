@@ -1,0 +1,291 @@
+"""Dispatch leases: a stalled or dead rank's units taken over within the epoch, exactly once.
+
+In-process tests stop a rank's heartbeat to stand for a stall (its Loader then simply
+isn't iterated); the slow tests run real rank processes that share a FileStore and run no
+collectives: one stops itself (SIGSTOP) or kills itself (SIGKILL) mid-epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_distributed import child_env, write_data
+
+import datapipes as dp
+from datapipes.dispatch import private_file_store
+from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError
+from nodes.dispatch.dispatcher import claimants, claims_in, fenced_claim
+from nodes.dispatch.lease import lease_key
+from nodes.dispatch.store import StoreClient
+
+ROOT = Path(__file__).resolve().parents[1]
+LEASE = 0.3
+
+
+def times_ten(x: int) -> int:
+    return x * 10
+
+
+def make_pipe(count: int = 600, buffer: int = 0) -> dp.DataPipe[Any]:
+    pipe = dp.from_sequence(list(range(count))).shuffle(seed=1).map(times_ten)
+    return pipe.shuffle(buffer, seed=2) if buffer else pipe
+
+
+def loaders(
+    world: int, *, workers: int = 0, buffer: int = 0, count: int = 600, store: Any = None
+) -> list[dp.Loader]:
+    store = store if store is not None else private_file_store()
+    return [
+        dp.Loader(
+            make_pipe(count, buffer),
+            seed=0,
+            rank=rank,
+            world_size=world,
+            num_workers=workers,
+            dispatch="dynamic",
+            store=store,
+            dispatch_unit_items=25,
+            dispatch_lease_seconds=LEASE,
+            even_batches=False,
+        )  # fmt: skip
+        for rank in range(world)
+    ]
+
+
+def stall(loader: dp.Loader) -> None:
+    """Stand for a stalled rank: its heartbeat stops (and nobody iterates it)."""
+    assert loader._takeovers is not None and loader._takeovers.lease is not None
+    loader._takeovers.lease.close()
+
+
+def assert_exactly_once(delivered: list[int], count: int) -> None:
+    counts = Counter(delivered)
+    assert [v for v, n in counts.items() if n > 1] == []
+    assert sorted(counts) == [10 * i for i in range(count)]
+
+
+@pytest.mark.parametrize("buffer", [0, 13])
+@pytest.mark.parametrize("after", [1, 24, 25, 77, 299])
+def test_a_stalled_rank_is_taken_over_and_its_late_item_dropped(after: int, buffer: int) -> None:
+    first, second = loaders(2, buffer=buffer)
+    stalled = iter(second)
+    early = [next(stalled) for _ in range(after)]
+    stall(second)
+    started = time.monotonic()
+    survivor = list(first)
+    assert time.monotonic() - started >= LEASE  # it waited for the lease to go stale
+    with pytest.warns(LeaseTakenWarning, match="taken over by rank 0"):
+        late = list(stalled)
+    assert late == []
+    assert_exactly_once(survivor + early, 600)
+
+
+def test_three_ranks_one_stalled_the_other_two_share_its_rest() -> None:
+    ranks = loaders(3, buffer=7, count=900)
+    stalled = iter(ranks[2])
+    early = [next(stalled) for _ in range(40)]
+    stall(ranks[2])
+    results: dict[int, list[int]] = {}
+
+    def run(rank: int) -> None:
+        results[rank] = list(ranks[rank])
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    with pytest.warns(LeaseTakenWarning):
+        assert list(stalled) == []
+    assert_exactly_once(results[0] + results[1] + early, 900)
+    taken = json.loads(
+        StoreClient(ranks[0]._dispatch.client._store, 10).get_or_none(  # type: ignore[union-attr]
+            lease_key(ranks[0]._dispatch.spec.key, 2)  # type: ignore[union-attr]
+        )
+    )
+    assert taken["status"] == "taken" and taken["by"] in (0, 1)
+
+
+def test_a_rank_that_never_starts_is_fenced_from_its_epoch() -> None:
+    first, second = loaders(2)
+    delivered = list(first)  # rank 1 never came: after the lease time rank 0 read it all
+    assert_exactly_once(delivered, 600)
+    with pytest.warns(LeaseTakenWarning):
+        assert list(second) == []
+
+
+def test_the_ranks_run_together_without_takeovers() -> None:
+    ranks = loaders(2, buffer=5)
+    results: dict[int, list[int]] = {}
+
+    def run(rank: int) -> None:
+        results[rank] = list(ranks[rank])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LeaseTakenWarning)
+        threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert_exactly_once(results[0] + results[1], 600)
+    assert results[0] and results[1]
+    for rank in ranks:  # the next epoch runs as usual, with new leases
+        assert rank.epoch == 1
+
+
+def test_a_checkpoint_while_reading_a_taken_over_rank_is_refused() -> None:
+    first, second = loaders(2)
+    stalled = iter(second)
+    next(stalled)
+    stall(second)
+    items = iter(first)
+    for _ in items:
+        if first._takeovers is not None and first._takeovers.reading_phase is not None:
+            break
+    else:
+        pytest.fail("rank 0 never read rank 1's units")
+    with pytest.raises(TakeoverCheckpointError, match="stalled rank 1"):
+        first.state_dict()
+
+
+def test_a_damaged_lease_in_the_store_is_a_clear_error() -> None:
+    first, second = loaders(2)
+    items = iter(first)
+    next(items)
+    spec = first._dispatch.spec  # type: ignore[union-attr]
+    first._dispatch.client.set(lease_key(spec.key, 1), "{not json")  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="lease .*lease/1 holds no JSON"):
+        list(items)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"dispatch_lease_seconds": 0}, "a number > 0"),
+        ({"dispatch_lease_seconds": True}, "a number > 0"),
+        ({"dispatch_lease_seconds": "5"}, "a number > 0"),
+        ({"dispatch_lease_seconds": 5, "even_batches": True}, "no collectives"),
+        ({"dispatch_lease_seconds": 5, "dispatch": "static"}, "is for dispatch='dynamic'"),
+    ],
+)
+def test_lease_arguments_are_checked(options: dict[str, Any], message: str) -> None:
+    arguments = {"rank": 0, "world_size": 2, "dispatch": "dynamic", **options}
+    if arguments["dispatch"] == "dynamic":
+        arguments["store"] = private_file_store()
+    with pytest.raises(ValueError, match=message):
+        dp.Loader(make_pipe(), **arguments)
+
+
+def test_a_sealed_rank_claims_nothing_more() -> None:
+    client = StoreClient(private_file_store(), 10)
+    assert [fenced_claim(client, "k", consumer, consumer // 2) for consumer in (0, 2, 1)] == [
+        0,
+        1,
+        2,
+    ]
+    client.compare_set("k", "0,2,1,", "0,2,1,S0,")
+    assert fenced_claim(client, "k", 1, 0) is None  # consumer 1 is rank 0's: sealed
+    assert fenced_claim(client, "k", 3, 1) == 3
+    entries = claimants(client.get_or_none("k"))
+    assert entries == ["0", "2", "1", "S0", "3"]
+    assert claims_in(entries, 1) == [2] and claims_in(entries, 3) == [3]
+
+
+# ----- real processes: a rank stopped (SIGSTOP) or killed (SIGKILL) mid-epoch -------------
+SIZES = [23, 61, 17, 35, 48, 29, 52, 19, 41, 30]
+
+
+def start_ranks(
+    tmp_path: Path, world: int, workers: int, **fault: Any
+) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    store = tmp_path / "store"
+    procs, outs = [], []
+    for rank in range(world):
+        out = tmp_path / f"rank{rank}.txt"
+        config = {
+            "rank": rank, "world_size": world, "store": str(store),
+            "data": str(tmp_path / "data" / "*.jsonl"), "workers": workers, "lease": 1.0,
+            "out": str(out), **fault,
+        }  # fmt: skip
+        command = [sys.executable, str(ROOT / "tests" / "lease_job.py"), json.dumps(config)]
+        procs.append(subprocess.Popen(command, env=child_env(), stderr=subprocess.PIPE))
+        outs.append(out)
+    return procs, outs
+
+
+def read_out(path: Path) -> tuple[list[int], str | None]:
+    ids, done = [], None
+    for line in path.read_text().splitlines() if path.exists() else []:
+        if line.startswith("done"):
+            done = line
+        else:
+            ids.append(int(line))
+    return ids, done
+
+
+def wait_for(proc: subprocess.Popen[bytes], seconds: float) -> int:
+    try:
+        return proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"a rank did not end within {seconds} s (a hang)")
+
+
+def wait_stopped(pid: int, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().split(") ")[1].startswith("T"):
+                return
+        time.sleep(0.05)
+    pytest.fail("the rank never stopped itself")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_real_ranks_a_stopped_rank_is_taken_over_and_fenced(tmp_path: Path, workers: int) -> None:
+    ids = write_data(tmp_path / "data", SIZES)
+    procs, outs = start_ranks(tmp_path, 3, workers, stall_rank=2, after=20)
+    wait_stopped(procs[2].pid)
+    for proc in procs[:2]:
+        assert wait_for(proc, 120) == 0, proc.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    os.kill(procs[2].pid, signal.SIGCONT)
+    assert wait_for(procs[2], 60) == 0
+    delivered, dones = [], []
+    for out in outs:
+        got, done = read_out(out)
+        delivered += got
+        dones.append(done)
+    assert dones[2] == "done 2 LeaseTakenWarning"  # it woke up fenced: its late item dropped
+    assert dones[:2] == ["done 0 -", "done 1 -"]
+    counts = Counter(delivered)
+    assert [i for i, n in counts.items() if n > 1] == []
+    assert sorted(counts) == ids
+    assert len(read_out(outs[2])[0]) == 20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_real_ranks_a_killed_rank_is_taken_over(tmp_path: Path, workers: int) -> None:
+    ids = write_data(tmp_path / "data", SIZES)
+    procs, outs = start_ranks(tmp_path, 3, workers, kill_rank=1, after=15)
+    assert wait_for(procs[1], 120) == -signal.SIGKILL
+    for proc in (procs[0], procs[2]):
+        assert wait_for(proc, 120) == 0, proc.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    delivered = [i for out in outs for i in read_out(out)[0]]
+    counts = Counter(delivered)
+    assert [i for i, n in counts.items() if n > 1] == []
+    assert sorted(counts) == ids
+    assert len(read_out(outs[1])[0]) == 15
