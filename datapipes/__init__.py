@@ -16,6 +16,7 @@ from datapipes.pipe import DataPipe
 from datapipes.saving import load_checkpoint, save_checkpoint
 from datapipes.sources import from_sequence, range
 from datapipes.stats import PipelineStats, StepStats
+from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from nodes.collate import default_collate, no_collate
@@ -35,11 +36,13 @@ __all__ = [
     "FileList",
     "InexactResumeWarning",
     "InvalidStateError",
+    "LeaseTakenWarning",
     "Loader",
     "PipelineStats",
     "RandomMapError",
     "StateMismatchError",
     "StepStats",
+    "TakeoverCheckpointError",
     "Topology",
     "TorchDataset",
     "UnevenDataWarning",

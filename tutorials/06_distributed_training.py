@@ -480,6 +480,45 @@ def dynamic_dispatch() -> dict[str, Any]:
 
 
 # %% [markdown]
+# ## 7. A rank that freezes: leases
+#
+# A job whose ranks run no collectives goes on when one rank stops: with
+# `dispatch_lease_seconds` each rank writes its position to the store ahead
+# of every item and renews a lease; the ranks that finish wait for the others,
+# and take over a lease that stays the same that long: they read what the
+# frozen rank had claimed but not delivered. Here rank 3 freezes itself
+# (SIGSTOP, as a paused VM or a debugger would) after 10 items; rank 0 wakes
+# it (SIGCONT) once the others are through. Its next item is dropped (its
+# lease is gone: `dp.LeaseTakenWarning`), and every item was read once.
+
+
+# %%
+def frozen_rank() -> dict[str, Any]:
+    pids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    pipe = dp.range(ITEMS).shuffle().map(score)
+    loader = dp.Loader(pipe, seed=SEED, even_batches=False, dispatch="dynamic",
+                       dispatch_unit_items=16, dispatch_lease_seconds=2.0)  # fmt: skip
+    mine = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dp.LeaseTakenWarning)
+        for item in loader:
+            mine.append(item)
+            if dist.get_rank() == 3 and len(mine) == 10:
+                os.kill(os.getpid(), signal.SIGSTOP)  # frozen until rank 0 wakes it
+    fenced = any(issubclass(w.category, dp.LeaseTakenWarning) for w in caught)
+    if dist.get_rank() == 0:  # ranks 1 and 2 are through too: rank 0 waited for them
+        os.kill(pids[3], signal.SIGCONT)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (mine, fenced))
+    assert sorted(i for items, _ in everyone for i in items) == list(range(ITEMS))  # once each
+    read = [len(items) for items, _ in everyone]
+    say(f"leases: items per rank {read}, rank 3 fenced: {everyone[3][1]}")
+    assert read[3] == 10 and everyone[3][1] and not any(f for _, f in everyone[:3])
+    return {"read": read}
+
+
+# %% [markdown]
 # ## The job: every rank's main, and the launcher
 #
 # `run_rank()` is what `torchrun` runs in each process. Started by the
@@ -512,6 +551,7 @@ def run_rank() -> None:
         checkpoint_and_resume(folder, trained)
         result["eval"] = evaluate_on_rank_0(folder, trained["model"])
         result["dispatch"] = dynamic_dispatch()
+        result["leases"] = frozen_rank()
         out = folder / "out"
         out.mkdir(exist_ok=True)
         (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
