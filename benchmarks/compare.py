@@ -65,6 +65,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 import images  # noqa: E402
+import images_large  # noqa: E402
+import images_large_bench  # noqa: E402
 import jsonl_pipeline  # noqa: E402
 import overhead  # noqa: E402
 import peers  # noqa: E402
@@ -72,10 +74,20 @@ import resume_cost  # noqa: E402
 import torch  # noqa: E402
 import workers_pipeline  # noqa: E402
 
-WORKLOADS = ("overhead", "jsonl", "images", "resume")
+WORKLOADS = ("overhead", "jsonl", "images", "images_large", "resume")
 WORKERS = 2
 RESUME_AT = (0.1, 0.9)
-PEERS = ("torchdata", "datasets", "grain", "webdataset", "pillow", "numpy", "pyarrow")
+PEERS = (
+    "torchdata",
+    "datasets",
+    "grain",
+    "webdataset",
+    "spdl",
+    "pillow",
+    "simplejpeg",
+    "numpy",
+    "pyarrow",
+)
 RATIO_NOTE = (
     "vs baseline = the baseline's best time / this row's best time: "
     "**> 1.00x means faster** than the baseline, < 1.00x slower. Times are wall clock; "
@@ -92,10 +104,21 @@ class Sizes:
     image_shards: int = 8
     images_per_shard: int = 256
     resume_mb: int = 32
+    large_shards: int = 4  # ~100 MB each
+    large_per_shard: int = 800
+    large_batch: int = 256
 
 
 QUICK = Sizes(
-    ints=20_000, jsonl_mb=1, jsonl_shards=4, image_shards=2, images_per_shard=16, resume_mb=1
+    ints=20_000,
+    jsonl_mb=1,
+    jsonl_shards=4,
+    image_shards=2,
+    images_per_shard=16,
+    resume_mb=1,
+    large_shards=2,
+    large_per_shard=12,
+    large_batch=8,
 )
 
 
@@ -205,11 +228,11 @@ def measure(rows: list[Row], repeats: int, timeout: float, turn: float) -> None:
                     row.cpu = min(row.cpu, math.inf if cpu is None else cpu)
             except Exception as error:  # a failing peer is a skipped row, never a crash
                 row.skipped = f"failed: {describe(error)}"
-                print(f"  {row.workload:<9}{row.name:<48}{row.skipped}", flush=True)
+                print(f"  {row.workload:<13}{row.name:<48}{row.skipped}", flush=True)
                 continue
             row.best = min(row.best, fastest)
             print(
-                f"  {row.workload:<9}{row.name:<48}repeat {repeat + 1}/{repeats} "
+                f"  {row.workload:<13}{row.name:<48}repeat {repeat + 1}/{repeats} "
                 f"{fastest:8.3f} s (best of {passes})",
                 flush=True,
             )
@@ -356,6 +379,58 @@ def image_rows(sizes: Sizes, workdir: Path) -> tuple[list[Row], int]:
     return skip_all(rows, failure), made["samples"] if made else 0
 
 
+#: What the images_large report needs besides its rows: the data's manifest, the limit, the
+#: baseline's name, the pixel checks and the stats tables (filled by its builder and finisher).
+LARGE: dict[str, Any] = {}
+
+
+def images_large_rows(sizes: Sizes, workdir: Path) -> tuple[list[Row], int]:
+    directory = workdir / f"photos-{sizes.large_shards}x{sizes.large_per_shard}"
+    made, failure = generate(
+        images_large.generate_shards, directory, sizes.large_shards, sizes.large_per_shard, 0
+    )
+    LARGE.clear()
+    if made is None:
+        return skip_all([Row("images_large", "all", lambda: (0.0, None, None))], failure), 0
+    paths = [str(directory / name) for name in made["files"]]
+    print(f"  limit: decode + crop single-thread on {min(300, made['samples'])} photos", flush=True)
+    limit = images_large.measure_limit(paths, count=min(300, made["samples"]))
+    LARGE.update(manifest=made, limit=limit, batch=sizes.large_batch, paths=paths)
+    LARGE.update(check=images_large_bench.check_shard(workdir))
+    expected = images_large_bench.expected(made)
+    rows = [
+        Row(
+            "images_large",
+            name,
+            timed_pass(
+                partial(make, paths, setting, sizes.large_batch),
+                images_large_bench.keep,
+                images_large_bench.digest,
+            ),
+            expected=expected,
+        )
+        for name, make, setting in images_large_bench.contenders(sizes is QUICK)
+    ]
+    return rows, made["samples"]
+
+
+def finish_images_large(rows: list[Row]) -> None:
+    """After the timing: the baseline (the hand-written DataLoader's best setting), the
+    pixel checks and one datapipes pass with statistics (none of them timed)."""
+    if not LARGE:
+        return
+    baseline = images_large_bench.baseline_name(timed_rows(rows))
+    LARGE["baseline"] = baseline
+    for row in rows:
+        row.baseline = None if row.name == baseline else baseline
+    print("  pixel checks and a datapipes pass with loader.stats()", flush=True)
+    LARGE["pixels"] = images_large_bench.pixel_checks(LARGE["check"], 8)
+    try:
+        LARGE["stats"] = images_large_bench.stats_tables(LARGE["paths"], LARGE["batch"])
+    except Exception as error:  # the report says so; the timings stand
+        LARGE["stats"] = {0: f"not measured: {describe(error)}"}
+
+
 def resume_rows(sizes: Sizes, workdir: Path) -> tuple[list[Row], int]:
     directory = workdir / f"resume-{sizes.resume_mb}mb"
     made, failure = generate(resume_cost.generate_file, directory, sizes.resume_mb, 0)
@@ -404,13 +479,16 @@ BUILDERS = {
     "overhead": (overhead_rows, "ints"),
     "jsonl": (jsonl_rows, "records"),
     "images": (image_rows, "images"),
+    "images_large": (images_large_rows, "images"),
     "resume": (resume_rows, "records"),
 }
+FINISH = {"images_large": finish_images_large}
 
 TITLES = {
     "overhead": "map -> filter -> batch(256) -> collate over {n:,} ints",
     "jsonl": "JSONL read -> json -> map -> shuffle(10,000) -> batch(256) -> collate, {n:,} records",
     "images": "tar shards -> JPEG decode -> resize/normalize -> batch(64), {n:,} images",
+    "images_large": images_large_bench.TITLE,
     "resume": "resume on one JSONL file of {n:,} records (read -> json -> map -> batch(256))",
 }
 
@@ -550,12 +628,19 @@ def goals(results: dict[str, tuple[list[Row], int]]) -> list[str]:
         lines.append(
             f"- {verdict(ok)} datapipes >= {target:.0f}x faster than {peer} on {workload}: {text}"
         )
+    if "images_large" in results and LARGE:
+        for ok, text in images_large_bench.goals(timed_rows(results["images_large"][0]), LARGE):
+            lines.append(f"- {verdict(ok)} {text}")
     low, high = best("resume", "datapipes @ 10%"), best("resume", "datapipes @ 90%")
     growth = high.best / low.best if low and high else None
     ok = None if growth is None else growth <= 1.5
     text = "n/a" if growth is None else f"{growth:.2f}x"
     lines.append(f"- {verdict(ok)} datapipes resume at 90% within 1.5x of at 10%: {text}")
     return lines
+
+
+def timed_rows(rows: list[Row]) -> list[images_large_bench.Timed]:
+    return [images_large_bench.Timed(r.name, r.best, r.cpu, r.skipped) for r in rows]
 
 
 def report(
@@ -566,7 +651,10 @@ def report(
     if turn:
         out += [f"A row whose passes are short runs several per turn, up to {turn:.1f} s.", ""]
     for workload, (_, items) in results.items():
-        out.append(f"- {workload}: {TITLES[workload].format(n=items)}")
+        title = TITLES[workload]
+        if workload == "images_large":
+            title = title.format(batch=LARGE.get("batch", "?"))
+        out.append(f"- {workload}: {title.format(n=items)}")
     if any(w != "resume" for w in results):
         out += ["", "## Throughput", "", RATIO_NOTE, ""]
         out += throughput_table(results)
@@ -578,6 +666,8 @@ def report(
             "with the position."
         )
         out += [""] + resume_table(results["resume"][0])
+    if "images_large" in results and LARGE:
+        out += images_large_bench.section(timed_rows(results["images_large"][0]), LARGE)
     out += ["", "## Goals", ""] + goals(results)
     return "\n".join(out) + "\n"
 
@@ -630,6 +720,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{workload}:", flush=True)
                 rows, items = build(sizes, workdir)
                 measure(rows, repeats, timeout, turn)
+                if workload in FINISH:
+                    FINISH[workload](rows)
                 results[workload] = (rows, items)
     finally:
         if args.workdir is None:

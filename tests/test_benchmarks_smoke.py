@@ -14,6 +14,8 @@ pytestmark = pytest.mark.slow  # runs the benchmarks in a new Python process
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPARE = ROOT / "benchmarks" / "compare.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import images_large_bench  # noqa: E402  (the row names of images_large in quick mode)
 
 THROUGHPUT_ROWS = {
     "overhead": [
@@ -39,13 +41,14 @@ THROUGHPUT_ROWS = {
         for workers in (0, 2)
         for name in ("hand-written in torch DataLoader", "webdataset", "datapipes")
     ],
+    "images_large": [name for name, _, _ in images_large_bench.contenders(quick=True)],
 }
 RESUME_ROWS = ["HF datasets + StatefulDataLoader", "torchdata.nodes", "datapipes"]
 RATIO = re.compile(r"^\**\d+\.\d\dx\**$")
 
 
 def run_benchmark(
-    tmp_path: Path, script: Path, *args: str, pythonpath: str = ""
+    tmp_path: Path, script: Path, *args: str, pythonpath: str = "", timeout: float = 150
 ) -> tuple[str, str]:
     """Run a benchmark script with ``--markdown``; return its stdout and the markdown."""
     out = tmp_path / "report.md"
@@ -56,7 +59,7 @@ def run_benchmark(
         text=True,
         env=env,
         cwd=tmp_path,
-        timeout=150,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout, out.read_text()
@@ -65,7 +68,7 @@ def run_benchmark(
 def run_compare(tmp_path: Path, *args: str, pythonpath: str = "") -> tuple[str, str]:
     """Run compare.py in quick mode; return its stdout and the markdown file it wrote."""
     quick = ("--quick", "--workdir", str(tmp_path / "data"))
-    return run_benchmark(tmp_path, COMPARE, *quick, *args, pythonpath=pythonpath)
+    return run_benchmark(tmp_path, COMPARE, *quick, *args, pythonpath=pythonpath, timeout=270)
 
 
 def table_rows(markdown: str, section: str) -> list[list[str]]:
@@ -84,7 +87,7 @@ def assert_ratio_or_skipped(cell: str, row: list[str]) -> None:
     assert RATIO.match(cell) or re.match(r"^skipped: \S", cell), row
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) -> None:
     # Grain is made unimportable: its row must say so, and the run must go on.
     hidden = tmp_path / "hidden"
@@ -108,7 +111,10 @@ def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) ->
         if RATIO.match(row[5]):
             assert re.match(r"^\d+\.\d{3} s$", row[2]) and re.match(r"^\d+\.\d{3} s$", row[4])
     baselines = [row for row in rows if row[6] == "(itself)"]
-    assert [row[1] for row in baselines] == [names[0] for names in THROUGHPUT_ROWS.values()]
+    assert [row[0] for row in baselines] == list(THROUGHPUT_ROWS), baselines
+    for row in baselines:  # images_large's baseline: the hand-written loader's best setting
+        first = THROUGHPUT_ROWS[row[0]][0]
+        assert row[1] == first or row[1].startswith(images_large_bench.HAND), row
     # the hand-written baselines and datapipes itself must run in the smallest mode
     for row in baselines + [row for row in rows if row[1].startswith("datapipes")]:
         assert RATIO.match(row[5]), row
@@ -121,10 +127,28 @@ def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) ->
     for row in resume:
         assert_ratio_or_skipped(row[3], row)
     assert RATIO.match(resume[-1][3]), resume[-1]
+    assert_images_large_section(markdown)
 
+    large_ours = [n for n in THROUGHPUT_ROWS["images_large"] if n.startswith("datapipes")]
     goals = markdown.split("## Goals\n", 1)[1].strip().splitlines()
-    assert len(goals) == 8, goals
+    assert len(goals) == 8 + len(large_ours) + 3, goals  # images_large: vs baseline + 3 goals
     assert all(re.match(r"^- (PASS|MISS|n/a) ", goal) for goal in goals), goals
+
+
+def assert_images_large_section(markdown: str) -> None:
+    """The limit, a share of it for every row that ran, the same samples, the pixel checks."""
+    part = markdown.split("## images_large\n", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"limit = [\d,]+ \(.+\) x \d+ cores = \*\*[\d,]+ images/s\*\*", part), part
+    assert re.search(r"mean JPEG \d+(\.\d)? KB", part), part
+    table = [line for line in part.splitlines() if line.startswith("| ") and "%" in line]
+    names = [line.strip("|").split("|")[0].strip() for line in table]
+    assert names[: len(THROUGHPUT_ROWS["images_large"])] == THROUGHPUT_ROWS["images_large"]
+    # every implementation delivered the same keys and labels (else "wrong output")
+    assert "wrong output" not in part and "DIFFERENT KEYS" not in part, part
+    # Pillow full scale agrees exactly wherever it is the decoder
+    assert "- webdataset (decode pil): identical: " in part, part
+    assert re.search(r"- datapipes decode\(.*\).*: identical: ", part), part
+    assert "`loader.stats()`" in part and "slowest step:" in part, part
 
 
 def test_elastic_resume_benchmark_reports_its_four_rows(tmp_path: Path) -> None:

@@ -1,0 +1,336 @@
+"""ImageNet-like JPEGs in tar shards: the data, the crop every implementation does, the limit.
+
+Used by ``compare.py`` (the ``images_large`` workload; the implementations are in
+``images_large_peers.py``). The data set is ``shards`` webdataset-style tar files
+of ``per_shard`` samples each: ``s0003-000017.jpg`` (a generated natural-looking
+photo of about 500x375, landscape 500 x 333..400 or, one in five, portrait
+333..400 x 500, JPEG quality 90, 4:2:0, about 100 KB) and ``s0003-000017.cls``
+(its label, ASCII digits). Generated once per directory in a process pool and
+cached by a manifest (``jsonl_pipeline.cached_data_set``).
+
+The work per sample, the same everywhere: decode the JPEG, a random resized crop
+(torchvision's ``RandomResizedCrop(224, scale=(0.08, 1), ratio=(3/4, 4/3))``
+parameters) and a horizontal flip with probability 0.5, to a uint8 CHW tensor;
+batches of 256 ``(uint8 [256, 3, 224, 224], int64 labels, keys)``; then in the
+main process :func:`on_device`: to float, / 255, minus mean, over std (the
+"device" is the CPU here). The peers draw the crop from an RNG seeded by the
+sample's key (:func:`key_crop`), so their pixels can be compared with each other.
+
+:func:`measure_limit` is the machine's limit for this work: the best
+single-thread rate of decode + crop + resize over these files with the decoders
+available (Pillow; simplejpeg when installed; each at full scale and at the
+reduced DCT scale that still leaves the crop at least 224 a side), times the
+cores this process may use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import os
+import random
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jsonl_pipeline import cached_data_set
+
+SIZE = 224  # the crop's output side
+BATCH = 256
+QUALITY = 90
+FORMAT_VERSION = 1
+SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
+# ImageNet's mean and std on the 0..255 scale: (x / 255 - mean) / std in two passes, not three
+MEAN_255 = 255 * torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+STD_255 = 255 * torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+#: A crop box in full-resolution pixels: top, left, height, width; and whether to flip.
+Crop = tuple[int, int, int, int, bool]
+
+
+# ----- data generation -------------------------------------------------------------------
+def _octave(rng: np.random.Generator, cells: int, size: tuple[int, int], channels: int):
+    """Smooth noise with about ``cells`` features across: a small grid upsampled bicubic."""
+    from PIL import Image
+
+    width, height = size
+    grid = rng.standard_normal((max(2, cells * height // width + 2), cells + 2, channels))
+    noise = (grid * 32 + 128).clip(0, 255).astype(np.uint8)
+    small = Image.fromarray(noise[..., 0] if channels == 1 else noise)
+    big = np.asarray(small.resize(size, Image.BICUBIC), np.float32)
+    return (big.reshape(height, width, channels) - 128) / 32
+
+
+def make_photo(seed: int) -> bytes:
+    """A natural-looking JPEG: multi-scale luminance texture, soft colour, shapes, grain.
+
+    Real photos compress to 100-150 KB at 500x375 q90 because of their
+    mid- and high-frequency texture; smooth noise alone gives 20 KB, so the
+    luminance has octaves down to ~3 px and a little per-pixel grain.
+    """
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    long_side, short_side = 500, int(rng.integers(333, 401))
+    portrait = rng.random() < 0.2
+    size = (short_side, long_side) if portrait else (long_side, short_side)
+    luma = (
+        55 * _octave(rng, 3, size, 1)
+        + 30 * _octave(rng, 10, size, 1)
+        + 50 * _octave(rng, 60, size, 1)
+        + 45 * _octave(rng, 160, size, 1)
+    )
+    chroma = 30 * _octave(rng, 4, size, 3) + 8 * _octave(rng, 20, size, 3)
+    image = Image.fromarray((rng.uniform(50, 200, 3) + luma + chroma).clip(0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(5, 12))):  # objects: edges JPEG must keep
+        x0, y0 = int(rng.integers(0, size[0])), int(rng.integers(0, size[1]))
+        box = (x0, y0, x0 + int(rng.integers(20, 200)), y0 + int(rng.integers(20, 200)))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        shape = int(rng.integers(3))
+        if shape == 0:
+            draw.ellipse(box, fill=colour)
+        elif shape == 1:
+            draw.rectangle(box, fill=colour)
+        else:
+            draw.line(box, fill=colour, width=int(rng.integers(2, 9)))
+    pixels = np.asarray(image, np.float32)
+    pixels += 14 * rng.standard_normal((size[1], size[0], 1), dtype=np.float32)  # sensor grain
+    out = io.BytesIO()
+    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(out, format="JPEG", quality=QUALITY)
+    return out.getvalue()
+
+
+def write_shard(path: Path, shard: int, count: int, seed: int) -> dict[str, Any]:
+    """Write ``count`` samples (jpg + cls) to the tar ``path``; their sizes and labels."""
+    rng = random.Random(seed * 1_000_003 + shard)
+    tmp = path.with_suffix(".tmp")
+    jpeg_bytes, labels = 0, []
+    with tarfile.open(tmp, "w") as tar:
+        for i in range(count):
+            key = f"s{shard:04d}-{i:06d}"
+            jpeg, label = make_photo(rng.getrandbits(63)), rng.randrange(1000)
+            jpeg_bytes += len(jpeg)
+            labels.append(label)
+            for ext, data in (("jpg", jpeg), ("cls", str(label).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size, info.mtime = len(data), 0
+                tar.addfile(info, io.BytesIO(data))
+    tmp.replace(path)
+    return {"size": path.stat().st_size, "jpeg_bytes": jpeg_bytes, "labels": labels}
+
+
+def generate_shards(directory: Path, shards: int, per_shard: int, seed: int) -> dict[str, Any]:
+    """Shards ``photos-00000.tar`` ... of ``per_shard`` samples, made in parallel, cached.
+
+    The manifest keeps what the output checks need: the number of samples, the
+    sum of the labels, a digest of the sorted keys and the mean JPEG size.
+    """
+
+    def build() -> dict[str, Any]:
+        directory.mkdir(parents=True, exist_ok=True)
+        names = [f"photos-{i:05d}.tar" for i in range(shards)]
+        workers = min(shards, len(os.sched_getaffinity(0)))
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            made = list(
+                pool.map(
+                    write_shard,
+                    [directory / name for name in names],
+                    range(shards),
+                    [per_shard] * shards,
+                    [seed] * shards,
+                )
+            )
+        samples = shards * per_shard
+        keys = [f"s{s:04d}-{i:06d}" for s in range(shards) for i in range(per_shard)]
+        return {
+            "samples": samples,
+            "files": names,
+            "sizes": [m["size"] for m in made],
+            "label_sum": sum(sum(m["labels"]) for m in made),
+            "keys_digest": keys_digest(keys),
+            "mean_jpeg_kb": round(sum(m["jpeg_bytes"] for m in made) / samples / 1000, 1),
+        }
+
+    wanted = {"version": FORMAT_VERSION, "shards": shards, "per_shard": per_shard, "seed": seed}
+    return cached_data_set(directory, wanted, f"{shards} tars of {per_shard} photos", build)
+
+
+def keys_digest(keys: list[str]) -> str:
+    """A short digest of a set of keys (sorted first: the orders differ per library)."""
+    return hashlib.sha1("\n".join(sorted(keys)).encode()).hexdigest()[:12]
+
+
+def read_tar_samples(path: str) -> Iterator[dict[str, Any]]:
+    """Raw samples ``{"__key__", "jpg": bytes, "cls": bytes}`` of one tar, in member order."""
+    sample: dict[str, Any] = {}
+    with tarfile.open(path) as tar:
+        for member in tar:
+            key, ext = member.name.split(".", 1)
+            if sample and sample["__key__"] != key:
+                yield sample
+                sample = {}
+            sample["__key__"] = key
+            sample[ext] = tar.extractfile(member).read()  # type: ignore[union-attr]
+    if sample:
+        yield sample
+
+
+def shuffled(paths: list[str], seed: int) -> list[str]:
+    """The file order of an epoch: ``paths`` shuffled by ``seed`` (the same in every worker)."""
+    order = list(paths)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+# ----- the crop every implementation does -------------------------------------------------
+def crop_params(width: int, height: int, rng: random.Random) -> Crop:
+    """torchvision ``RandomResizedCrop.get_params`` (10 tries, then a centre crop) + a flip."""
+    area = width * height
+    log_ratio = (math.log(RATIO[0]), math.log(RATIO[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*SCALE)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top, left = rng.randint(0, height - h), rng.randint(0, width - w)
+            return top, left, h, w, rng.random() < 0.5
+    ratio = width / height
+    if ratio < RATIO[0]:
+        w, h = width, round(width / RATIO[0])
+    elif ratio > RATIO[1]:
+        w, h = round(height * RATIO[1]), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w, rng.random() < 0.5
+
+
+def key_crop(key: str, width: int, height: int) -> Crop:
+    """The crop of the sample ``key``: parameters from an RNG seeded by the key's hash."""
+    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    return crop_params(width, height, random.Random(seed))
+
+
+def resized_crop(image: Any, crop: Crop, scale: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
+    """Crop ``crop`` (full-resolution box, scaled by ``scale`` = (x, y) when the image was
+    decoded smaller), resize to 224 x 224 (Pillow, antialiased bilinear), flip: uint8 CHW.
+
+    ``image`` is a Pillow image or an HWC uint8 array. Pillow's ``resize(box=...)``
+    crops and resizes in one pass; measured faster here than torch's uint8
+    ``interpolate(antialias=True)`` on the cropped view.
+    """
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        image = Image.fromarray(np.asarray(image))
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    top, left, h, w, flip = crop
+    sx, sy = scale
+    box = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
+    out = image.resize((SIZE, SIZE), Image.BILINEAR, box=box)
+    if flip:
+        out = out.transpose(Image.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.array(out)).permute(2, 0, 1)  # a writable copy: 150 KB
+
+
+def pillow_decode_crop(data: bytes, key: str) -> torch.Tensor:
+    """Full-scale Pillow decode + the key's crop: the baseline's work for one sample."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()
+        return resized_crop(image, key_crop(key, *image.size))
+
+
+def min_scale_size(width: int, height: int, crop: Crop) -> tuple[int, int]:
+    """The smallest image size at which ``crop`` still covers 224 x 224 pixels."""
+    _, _, h, w, _ = crop
+    return math.ceil(width * SIZE / w), math.ceil(height * SIZE / h)
+
+
+def pillow_reduced_crop(data: bytes, key: str) -> torch.Tensor:
+    """Pillow ``draft`` (DCT scale 1/2, 1/4, 1/8 that keeps the crop >= 224) + the crop."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        crop = key_crop(key, width, height)
+        image.draft("RGB", min_scale_size(width, height, crop))
+        image.load()
+        scale = (image.size[0] / width, image.size[1] / height)
+        return resized_crop(image, crop, scale)
+
+
+def simplejpeg_crop(data: bytes, key: str, reduced: bool = False) -> torch.Tensor:
+    """simplejpeg (libjpeg-turbo, exact DCT and upsampling) + the crop; ``reduced``: at the
+    smallest libjpeg-turbo scale (M/8) that keeps the crop >= 224."""
+    import simplejpeg
+
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    crop = key_crop(key, width, height)
+    if reduced:
+        min_w, min_h = min_scale_size(width, height, crop)
+        pixels = simplejpeg.decode_jpeg(data, "RGB", min_height=min_h, min_width=min_w)
+    else:
+        pixels = simplejpeg.decode_jpeg(data, "RGB")
+    scale = (pixels.shape[1] / width, pixels.shape[0] / height)
+    return resized_crop(pixels, crop, scale)
+
+
+def on_device(images: torch.Tensor, device: str = "cpu") -> torch.Tensor:
+    """The step on the device: uint8 NCHW -> float, / 255, normalized by ImageNet's mean/std."""
+    x = images.to(device, non_blocking=True).float()
+    return x.sub_(MEAN_255.to(device)).div_(STD_255.to(device))
+
+
+# ----- the limit -------------------------------------------------------------------------
+def decoders() -> dict[str, Callable[[bytes, str], torch.Tensor]]:
+    """Decode + crop variants available here, by name (simplejpeg's only when installed)."""
+    found: dict[str, Callable[[bytes, str], torch.Tensor]] = {
+        "Pillow full scale": pillow_decode_crop,
+        "Pillow reduced (draft)": pillow_reduced_crop,
+    }
+    try:
+        import simplejpeg  # noqa: F401
+    except ImportError:
+        return found
+    found["simplejpeg full scale"] = simplejpeg_crop
+    found["simplejpeg reduced (min size)"] = lambda data, key: simplejpeg_crop(data, key, True)
+    return found
+
+
+def load_samples(paths: list[str], count: int) -> list[tuple[str, bytes]]:
+    """The first ``count`` (key, JPEG bytes) of the shards, in order."""
+    out = []
+    for path in paths:
+        for sample in read_tar_samples(path):
+            out.append((sample["__key__"], sample["jpg"]))
+            if len(out) == count:
+                return out
+    return out
+
+
+def measure_limit(paths: list[str], count: int = 300, repeats: int = 2) -> dict[str, Any]:
+    """Single-thread images/s of every decode + crop variant on ``count`` of the files (in
+    memory, best of ``repeats``), and the limit: the best rate times the usable cores."""
+    samples = load_samples(paths, count)
+    rates = {}
+    for name, fn in decoders().items():
+        best = math.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for key, data in samples:
+                out = fn(data, key)
+                assert out.shape == (3, SIZE, SIZE), (name, key, out.shape)
+            best = min(best, time.perf_counter() - start)
+        rates[name] = len(samples) / best
+    cores = len(os.sched_getaffinity(0))
+    fastest = max(rates, key=rates.__getitem__)
+    return {"rates": rates, "fastest": fastest, "cores": cores, "limit": rates[fastest] * cores}
