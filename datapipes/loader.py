@@ -292,6 +292,8 @@ class Loader:
                 "they go (a gloo all_reduce). Initialize the process group, or pass "
                 "even_batches=False"
             )
+        if self._takeovers is not None and self.even_batches:
+            check_lease_seconds(self._takeovers.lease_seconds, True)  # decided only now
         context = self._context
         context.listings = self._listings.get(context)  # rank 0's, shared with the workers
         self._apply_plans(context)

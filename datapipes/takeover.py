@@ -63,7 +63,8 @@ def check_lease_seconds(seconds: Any, even_batches: bool | None) -> None:
             "dispatch_lease_seconds is for ranks that run no collectives (inference, "
             "evaluation, data processing): in a DDP job a stalled rank stalls every rank "
             "in its all_reduce, and a dead one ends the job, so the last checkpoint is what "
-            "resumes it. Pass even_batches=False, or leave dispatch_lease_seconds unset"
+            "resumes it (even_batches is on by default under torch.distributed). Pass "
+            "even_batches=False, or leave dispatch_lease_seconds unset"
         )
 
 

@@ -1,5 +1,8 @@
 """One rank of a job whose ranks share a store and run no collectives (dispatch leases).
 
+Under torchrun (``RANK`` set) it checks instead that leases are refused where the ranks
+run collectives (see :func:`under_torchrun`).
+
 ``python tests/lease_job.py CONFIG_JSON``: the config names the ``rank``, ``world_size``,
 the FileStore ``store`` path, the JSONL ``data`` glob, ``workers``, ``lease`` seconds and
 ``out`` (a file: every delivered record's id, one per line, flushed as it arrives). The
@@ -19,14 +22,34 @@ import sys
 import time
 import warnings
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
 import datapipes as dp
 
 
+def under_torchrun(config: dict[str, Any]) -> None:
+    """Under torchrun (a process group): leases with the default even_batches (on) must be
+    refused at the first epoch, naming why; prints ``refused: <message>``."""
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    try:
+        pipe = dp.range(40)
+        loader = dp.Loader(pipe, dispatch="dynamic", dispatch_lease_seconds=config["lease"])
+        try:
+            next(iter(loader))
+        except ValueError as error:
+            print(f"refused: {error}")
+    finally:
+        dist.destroy_process_group()
+
+
 def main() -> None:
-    config = json.loads(sys.argv[1])
+    argument = sys.argv[1]
+    config = json.loads(argument if argument.startswith("{") else open(argument).read())
+    if "RANK" in os.environ:
+        under_torchrun(config)
+        return
     rank = config["rank"]
     store = dist.FileStore(config["store"], -1)
     store.set_timeout(timedelta(seconds=60))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_distributed import child_env, write_data
+from test_distributed import child_env, torchrun_may_fail, write_data
 
 import datapipes as dp
 from datapipes.dispatch import private_file_store
@@ -289,3 +289,15 @@ def test_real_ranks_a_killed_rank_is_taken_over(tmp_path: Path, workers: int) ->
     assert [i for i, n in counts.items() if n > 1] == []
     assert sorted(counts) == ids
     assert len(read_out(outs[1])[0]) == 15
+
+
+@pytest.mark.slow
+def test_leases_are_refused_under_torchrun_where_even_batches_is_on(tmp_path: Path) -> None:
+    # even_batches=None turns on under a process group of several ranks: only known late.
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"lease": 5}))
+    code, out, err = torchrun_may_fail(
+        ROOT / "tests" / "lease_job.py", config, 2, tmp_path, "leases under torchrun"
+    )
+    assert code == 0, err[-3000:]
+    assert out.count("refused: ") == 2 and "no collectives" in out
