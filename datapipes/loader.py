@@ -326,6 +326,10 @@ class Loader:
                 self._stats.clock.stop()
             if bar is not None:
                 bar.close()
+        if self._takeovers is not None and self._takeovers.fenced and root is self._root:
+            root.close()  # another rank delivers the rest: free its workers and files now
+            self._stats.keep(root, run.epoch)
+            self._root = None  # the next epoch builds a new graph
         self._cursor.finish(run)
 
     def stats(self) -> PipelineStats:

@@ -176,6 +176,7 @@ class Takeovers:
         self.lease_seconds = lease_seconds
         self.lease: Lease | None = None
         self.reading_phase: int | None = None  # the taken rank whose units this rank reads
+        self.fenced = False  # the last epoch ended because the lease was taken over
 
     @property
     def client(self) -> Any:
@@ -186,6 +187,7 @@ class Takeovers:
     def deliver(self, items: Iterator[Any], spec: DispatchSpec) -> Iterator[Any]:
         """``items`` with the lease written ahead of each; ends (dropping the item) when the
         lease was taken over. Then, when ``items`` ended, the takeover phases."""
+        self.fenced = False
         lease = self.lease
         if lease is None or lease.key != lease_key(spec.key, self.loader.rank) or lease.lost:
             lease = self.lease = Lease(self.client, spec.key, self.loader.rank, self.lease_seconds)
@@ -203,9 +205,10 @@ class Takeovers:
                 yield item
             yield from self._after(spec)
         except LeaseLost as lost:
+            self.fenced = True
             warnings.warn(
-                f"{lost}; this rank ends epoch {spec.epoch} here (the item it was about to "
-                "deliver went to that rank too)",
+                f"{lost}; this rank ends epoch {spec.epoch} here (what it had not delivered, "
+                "the item it was about to deliver included, goes to that rank)",
                 LeaseTakenWarning,
                 stacklevel=2,
             )
@@ -222,16 +225,19 @@ class Takeovers:
             self.client, spec.key, loader.rank, loader.world_size, self.lease_seconds
         )
         read: set[int] = set()  # the taken ranks whose units this rank read
-        lease.finish(0)
         while True:
             leases = watch.scan()
-            taken = sorted(r for r, (_, v) in leases.items() if v and v["status"] == TAKEN)
-            new = [r for r in taken if r not in read]
-            if new:
-                for r in new:
-                    yield from self._phase(spec, r, leases[r][1] or {})
-                    read.add(r)
+            new = [
+                r
+                for r, (_, value) in sorted(leases.items())
+                if value and value["status"] == TAKEN and r not in read
+            ]
+            for r in new:
+                yield from self._phase(spec, r, leases[r][1] or {})
+                read.add(r)
+            if not lease.is_done(len(read)):  # it delivered all it claimed (or took over)
                 lease.finish(len(read))
+            if new:
                 continue
             waiting, stale = watch.pending(leases, len(read))
             if not waiting:
@@ -244,7 +250,9 @@ class Takeovers:
         """Take ``rank``'s lease over (if it still holds ``raw``) and publish its work."""
         lease = self.lease
         assert lease is not None
-        lease.publish_state(_text(self.loader.state_dict()))  # active again: a taker holds work
+        # Active while it holds work nobody else knows of (between taking the lease and
+        # publishing the work): if it stops now, its own taker finds it stalled.
+        lease.publish_state(_text(self.loader.state_dict()))
         old = watch.take(rank, raw)
         if old is None:  # another rank was first, or it woke up
             return

@@ -301,3 +301,27 @@ def test_leases_are_refused_under_torchrun_where_even_batches_is_on(tmp_path: Pa
     )
     assert code == 0, err[-3000:]
     assert out.count("refused: ") == 2 and "no collectives" in out
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_the_epoch_after_a_takeover_runs_as_usual(workers: int) -> None:
+    first, second = loaders(2, workers=workers, count=300)
+    stalled = iter(second)
+    early = [next(stalled) for _ in range(30)]
+    stall(second)
+    survivor = list(first)
+    with pytest.warns(LeaseTakenWarning):
+        assert list(stalled) == []
+    assert_exactly_once(survivor + early, 300)
+    results: dict[int, list[int]] = {}
+
+    def run(rank: int) -> None:
+        results[rank] = list((first, second)[rank])
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert first.epoch == second.epoch == 2
+    assert_exactly_once(results[0] + results[1], 300)

@@ -158,6 +158,10 @@ class Lease:
         """Everything claimed was delivered; ``phases`` takeovers were seen (and read)."""
         self._write(status=DONE, phases=phases)
 
+    def is_done(self, phases: int) -> bool:
+        """Whether the lease says done, having seen ``phases`` takeovers."""
+        return self._value["status"] == DONE and self._value.get("phases") == phases
+
     def close(self) -> None:
         self._stop.set()
 
