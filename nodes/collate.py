@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nodes.handover import shared_batch
+
 _NUMBER_TYPES = (bool, int, float)
 
 
@@ -19,6 +21,11 @@ def default_collate(samples: list[Any]) -> Any:
       call and wrapped without a copy; same-shaped tensors go through ``torch.stack``.
     * Dicts, tuples, lists and namedtuples are collated field by field.
     * Strings, bytes, ``None`` and unknown objects stay a list.
+
+    In a DataLoader worker, same-shaped tensors or arrays over 512 KiB in all
+    (``nodes.handover.INLINE_TENSOR_BYTES``) are stacked straight into shared
+    memory, so the batch reaches the main process without another copy
+    (see :func:`nodes.handover.shared_batch`); the values are the same.
 
     Arrays or tensors of different shapes raise an error naming the field;
     pass ``collate_fn`` to ``batch`` to pad them or keep them as a list.
@@ -43,13 +50,19 @@ def _collate(samples: list[Any], path: str) -> Any:
         return torch.from_numpy(array)
     if isinstance(first, torch.Tensor):
         _check_same_shape(samples, path)
-        return torch.stack(samples)
+        out = _shared_out_for_tensors(samples)
+        return torch.stack(samples) if out is None else torch.stack(samples, out=out)
     if isinstance(first, np.ndarray | np.generic):
         if first.dtype.kind in "OUSV":
             return list(samples)
         _check_same_shape(samples, path)
-        stacked = np.stack(samples) if isinstance(first, np.ndarray) else np.array(samples)
-        return torch.from_numpy(stacked)
+        if isinstance(first, np.generic):
+            return torch.from_numpy(np.array(samples))
+        out = _shared_out_for_arrays(samples)
+        if out is not None:
+            np.stack(samples, out=out.numpy())
+            return out
+        return torch.from_numpy(np.stack(samples))
     if isinstance(first, str | bytes) or first is None:
         return list(samples)
     if isinstance(first, Mapping):
@@ -87,3 +100,32 @@ def _check_same_shape(samples: list[Any], path: str) -> None:
                 f"default_collate cannot stack arrays of different shapes {shapes}{where}. "
                 "Pass collate_fn= to batch() to pad them (or dp.no_collate to keep a list)."
             )
+
+
+def _shared_out_for_tensors(samples: list[Any]) -> torch.Tensor | None:
+    """Where to stack ``samples`` in a worker: shared memory, when all are plain CPU tensors
+    of one dtype that torch.stack would stack as they are (else ordinary memory)."""
+    first = samples[0]
+    if (
+        type(first) is not torch.Tensor  # a subclass keeps its own stack
+        or first.device.type != "cpu"
+        or first.layout != torch.strided
+        or first.requires_grad  # stack(out=...) does not record gradients
+    ):
+        return None
+    dtype = first.dtype
+    if any(type(s) is not torch.Tensor or s.dtype != dtype or s.requires_grad for s in samples):
+        return None  # mixed: stack promotes the dtype, grad, or device checks as it always did
+    return shared_batch((len(samples), *first.shape), dtype)
+
+
+def _shared_out_for_arrays(samples: list[Any]) -> torch.Tensor | None:
+    """Where to stack same-shaped arrays of one native dtype in a worker: shared memory."""
+    dtype = samples[0].dtype
+    if any(not isinstance(s, np.ndarray) or s.dtype != dtype for s in samples):
+        return None  # mixed: np.stack promotes as it always did
+    try:
+        torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    except TypeError:  # a dtype torch has no match for: the ordinary path reports it
+        return None
+    return shared_batch((len(samples), *samples[0].shape), torch_dtype)

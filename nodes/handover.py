@@ -1,10 +1,14 @@
-"""How items cross from a DataLoader worker to the main process: small tensors inline.
+"""How items cross from a DataLoader worker to the main process: small tensors inline,
+large batches collated straight into shared memory.
 
 torch sends every tensor a worker returns through shared memory: a file
 descriptor passed over a socket and a mapping on each side. For small
 tensors that costs more than copying their bytes inside the pickled item,
 so a Loader's workers pack those (:func:`inline_small_tensors`) and the main
-process unpickles ordinary tensors.
+process unpickles ordinary tensors. A large tensor made in ordinary memory is
+copied into shared memory when it is pickled; a batch collated in a worker
+is therefore stacked into shared memory from the start (:func:`shared_batch`),
+so it crosses with no copy at all.
 """
 
 from __future__ import annotations
@@ -13,8 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from nodes.device import apply_to_tensors
+import torch.utils.data
 
 #: Tensors up to this size travel from a worker inside the pickled item. Larger ones
 #: go through shared memory, as torch sends every tensor: a file descriptor passed over
@@ -91,6 +94,10 @@ def inline_small_tensors(item: Any) -> Any:
     tensors over ``INLINE_TENSOR_BYTES`` take torch's shared-memory path.
     Containers keep their types (see :func:`nodes.apply_to_tensors`).
     """
+    # Here, not at the top: nodes.collate imports this module, and nodes.device imports
+    # the nodes that import nodes.collate.
+    from nodes.device import apply_to_tensors
+
     storages: dict[int, int] = {}
 
     def count(tensor: torch.Tensor) -> torch.Tensor:
@@ -109,3 +116,25 @@ def inline_small_tensors(item: Any) -> Any:
         return apply_to_tensors(item, inline)
     except TypeError:  # a container type that cannot be rebuilt: torch's path for all of it
         return item
+
+
+def shared_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+    """An empty CPU tensor of ``shape`` in shared memory, to collate a batch into, when
+    this is a DataLoader worker and the batch is too large to travel inline; else ``None``.
+
+    torch pickles a tensor in ordinary memory by first copying it into shared
+    memory; one allocated there is sent as it is (a file descriptor), so the
+    batch's bytes are written once, by the collate. The main process receives
+    a tensor backed by that shared memory, as before: ordinary in every way
+    but ``resize_`` to a larger size (torch's ``DataLoader`` batches are the same).
+    """
+    if torch.utils.data.get_worker_info() is None:
+        return None  # in the main process nothing crosses: ordinary memory is cheaper
+    count = 1
+    for size in shape:
+        count *= size
+    nbytes = count * dtype.itemsize
+    if nbytes <= INLINE_TENSOR_BYTES:
+        return None  # sent inside the pickle (see inline_small_tensors)
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
