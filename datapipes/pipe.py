@@ -270,6 +270,60 @@ class DataPipe(Generic[T]):
 
         return RandomMap(self, fn, global_rng=global_rng, seed=seed)
 
+    def random_resized_crop(
+        self,
+        size: int,
+        *,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        flip: float = 0.5,
+        fields: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        fused: bool = True,
+        num_threads: int | None = None,
+    ) -> DataPipe[Any]:
+        """Seeded random resized crops of images to ``size x size``, flipped with ``flip``.
+
+        torchvision's ``RandomResizedCrop`` draws (an area fraction in ``scale``,
+        a log-uniform aspect ratio in ``ratio``, 10 tries, then the centre crop)
+        and a horizontal flip with probability ``flip``, on uint8 ``(C, H, W)``
+        tensors, or on the image fields of dict samples (``fields=None``: every
+        field with an image extension, one box for all of a sample's; a name or
+        names pick fields). The output is uint8 ``(C, size, size)``, resized
+        with torch's antialiased bilinear interpolation. The draws are seeded
+        per item as in :meth:`random_map`: the same at any ``num_workers``,
+        world size and after a resume, new every epoch; ``seed`` overrides the
+        Loader's seed for this step.
+
+        Right after :meth:`decode` it decodes the images itself (``fused=True``):
+        a JPEG's size comes from its header, the box is drawn, and the image is
+        decoded at the smallest DCT scale (1/8 to 4/8, or full) that keeps the
+        box at least ``size`` pixels on each side. The boxes are the same as
+        unfused; the pixels are identical when no reduction applies and
+        slightly different (a lower-resolution source) when one does;
+        ``fused=False`` decodes at full size first. ``num_threads=k`` decodes
+        and crops on ``k`` threads (the decoders release the GIL), resuming
+        like ``map(..., num_workers=k)``, with the same pixels.
+
+        >>> import datapipes as dp, torch
+        >>> images = [torch.zeros(3, 40, 60, dtype=torch.uint8)] * 2
+        >>> [tuple(x.shape) for x in dp.Loader(dp.from_sequence(images).random_resized_crop(16))]
+        [(3, 16, 16), (3, 16, 16)]
+        """
+        from datapipes.vision import RandomResizedCrop  # it imports this module
+
+        return RandomResizedCrop(
+            self,
+            size,
+            scale=scale,
+            ratio=ratio,
+            flip=flip,
+            fields=fields,
+            seed=seed,
+            fused=fused,
+            num_threads=num_threads,
+        )
+
     def filter(self, predicate: Callable[[T], bool]) -> DataPipe[T]:
         """Keep the items for which ``predicate(item)`` is true."""
         return _steps().Filter(self, predicate)
@@ -322,6 +376,8 @@ class DataPipe(Generic[T]):
         image_mode: str | None = "RGB",
         decoders: dict[str, Callable[[bytes], Any] | None] | None = None,
         on_error: str = "raise",
+        image_size: int | tuple[int, int] | None = None,
+        image_backend: str = "auto",
     ) -> DataPipe[Any]:
         """Decode the bytes fields of dict samples by extension (``read_tar``, ``read_bytes``).
 
@@ -343,13 +399,30 @@ class DataPipe(Generic[T]):
         sample and counts it; a missing library (Pillow, soundfile) raises
         ``ImportError`` naming it, also under ``"skip"``.
 
+        JPEGs decode through ``image_backend``: ``"auto"`` (simplejpeg when
+        installed, ``pip install 'datapipes-torch[jpeg]'``, else Pillow),
+        ``"pillow"`` or ``"simplejpeg"``; the pixels are Pillow's either way
+        (files simplejpeg would decode differently, CMYK ones for example, go
+        to Pillow). ``image_size=(h, w)`` (or an int for both) decodes JPEGs
+        at the smallest DCT scale (1/8, 2/8, 3/8, 4/8 of each side, or full)
+        that keeps them at least that big: faster when a later step resizes
+        anyway, and the pixels then differ from a full-size decode's.
+        A :meth:`random_resized_crop` right after ``decode()`` picks the scale
+        per image from its crop box instead.
+
         >>> import datapipes as dp
         >>> sample = {"__key__": "a", "cls": b"3", "json": b'{"x": 1}'}
         >>> list(dp.Loader(dp.from_sequence([sample]).decode()))
         [{'__key__': 'a', 'cls': 3, 'json': {'x': 1}}]
         """
         return _steps().Decode(
-            self, image=image, image_mode=image_mode, decoders=decoders, on_error=on_error
+            self,
+            image=image,
+            image_mode=image_mode,
+            decoders=decoders,
+            on_error=on_error,
+            image_size=image_size,
+            image_backend=image_backend,
         )
 
     def shard(self) -> DataPipe[T]:

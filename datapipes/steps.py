@@ -25,9 +25,10 @@ from nodes import (
     unbatch_items,
 )
 from nodes.batched_fetch import FetchBatchNode, fetching_source
-from nodes.decode import DecodeNode, SampleDecoder, default_decoders
+from nodes.decode import DecodeNode, SampleDecoder, default_decoders, image_size_hint
 from nodes.device import PinMemoryNode, ToDeviceNode
 from nodes.errors import ErrorPolicy, check_on_error
+from nodes.jpeg import import_simplejpeg
 from nodes.parallel_map import ParallelMapNode, check_parallel_map
 from nodes.shard import ShardNode, WholeDataContext
 
@@ -288,14 +289,23 @@ class Decode(DataPipe[Any]):
         image_mode: str | None,
         decoders: dict[str, Callable[[bytes], Any] | None] | None,
         on_error: str,
+        image_size: int | tuple[int, int] | None = None,
+        image_backend: str = "auto",
     ) -> None:
         check_on_error(on_error)
-        default_decoders(image, image_mode)  # validates image and image_mode now
+        # Validates image, image_mode, image_size and image_backend now.
+        default_decoders(image, image_mode, image_backend, image_size)
+        if image_backend == "simplejpeg":
+            import_simplejpeg()  # missing: an ImportError naming the extra, here
         kwargs: dict[str, Any] = {}
         if image != "chw":
             kwargs["image"] = image
         if image_mode != "RGB":
             kwargs["image_mode"] = image_mode
+        if image_size is not None:
+            kwargs["image_size"] = image_size_hint(image_size)
+        if image_backend != "auto":
+            kwargs["image_backend"] = image_backend
         if decoders:
             for field, fn in decoders.items():
                 if fn is not None:
@@ -308,13 +318,25 @@ class Decode(DataPipe[Any]):
     def consumer_length(self, ctx: Context) -> int | None:
         return None if self.kwargs.get("on_error") == "skip" else self._upstream_length(ctx)
 
-    def _build(self, ctx: Context) -> Node[Any]:
+    def decoder_table(self) -> dict[str, Any]:
+        """The decoders by extension or field name this step uses (built-ins and the user's)."""
+        kw = self.kwargs
         decoders = default_decoders(
-            self.kwargs.get("image", "chw"), self.kwargs.get("image_mode", "RGB")
+            kw.get("image", "chw"),
+            kw.get("image_mode", "RGB"),
+            kw.get("image_backend", "auto"),
+            kw.get("image_size"),
         )
-        decoders.update(self.kwargs.get("decoders", {}))
-        errors = ErrorPolicy(self.kwargs.get("on_error", "raise"), repr(self))
-        return DecodeNode(self.inputs[0].build(ctx), SampleDecoder(decoders, errors))
+        decoders.update(kw.get("decoders", {}))
+        return decoders
+
+    def error_policy(self) -> ErrorPolicy:
+        """A fresh policy for one build: ``on_error`` and this step's name in its warnings."""
+        return ErrorPolicy(self.kwargs.get("on_error", "raise"), repr(self))
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        decoder = SampleDecoder(self.decoder_table(), self.error_policy())
+        return DecodeNode(self.inputs[0].build(ctx), decoder)
 
 
 class Shard(DataPipe[Any]):

@@ -16,6 +16,16 @@ import torch
 from nodes.audio import AUDIO_EXTENSIONS, decode_audio
 from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import BadRecordError, ErrorPolicy
+from nodes.jpeg import (
+    PILLOW_SCALES,
+    PillowJpeg,
+    SimpleJpeg,
+    check_backend,
+    dct_scale,
+    is_jpeg,
+    jpeg_backend,
+    pillow_open,
+)
 from nodes.state_checks import at, expect_int, expect_keys
 
 Decoder = Callable[[bytes], Any]
@@ -47,36 +57,98 @@ def decode_torch(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
-def image_decoder(layout: str = "chw", mode: str | None = "RGB") -> Decoder:
+def image_decoder(
+    layout: str = "chw",
+    mode: str | None = "RGB",
+    backend: str = "pillow",
+    size: int | tuple[int, int] | None = None,
+) -> Decoder:
     """A decoder from image bytes to a uint8 tensor (``"chw"``/``"hwc"``) or a PIL image.
 
     ``mode`` converts the image (``"RGB"``, ``"L"``, ...); ``None`` keeps the
-    file's own mode. Needs Pillow (``pip install pillow``).
+    file's own mode. JPEGs go through ``backend`` (:mod:`nodes.jpeg`:
+    ``"pillow"``, ``"simplejpeg"``, or ``"auto"``: simplejpeg when installed),
+    other formats through Pillow. ``size`` (``(h, w)`` or an int for both)
+    decodes JPEGs at the smallest DCT scale that keeps them at least that big
+    (their pixels then differ from a full-size decode). Needs Pillow
+    (``pip install pillow``).
     """
-    if layout not in IMAGE_LAYOUTS:
-        raise ValueError(f"image layout must be one of {IMAGE_LAYOUTS}, got {layout!r}")
-    try:
-        from PIL import Image
-    except ImportError as error:
-        raise ImportError(
-            "decoding images needs Pillow: pip install 'datapipes-torch[images]' (or pillow), "
-            "or pass image=None to leave image fields as bytes"
-        ) from error
+    return ImageDecoder(layout, mode, backend, size)
 
-    def decode(data: bytes) -> Any:
-        with Image.open(io.BytesIO(data)) as opened:
+
+def image_size_hint(size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """``decode(image_size=...)`` as ``(height, width)``, or ``None``; ValueError if malformed."""
+    if size is None:
+        return None
+    pair = (size, size) if isinstance(size, int) else tuple(size)
+    if len(pair) != 2 or not all(type(n) is int and n >= 1 for n in pair):
+        raise ValueError(
+            f"image_size must be a positive int or a (height, width) pair of them, got {size!r}"
+        )
+    return pair  # type: ignore[return-value]
+
+
+def image_tensor(array: np.ndarray, layout: str) -> torch.Tensor:
+    """An ``(H, W, C)`` uint8 array as a tensor laid out ``"chw"`` (a copy) or ``"hwc"``."""
+    tensor = torch.from_numpy(array)
+    return tensor.permute(2, 0, 1).contiguous() if layout == "chw" else tensor
+
+
+class ImageDecoder:
+    """Image bytes to a tensor or PIL image; JPEGs through a :mod:`nodes.jpeg` backend.
+
+    The backend is made at the first JPEG, so samples without images never
+    import an image library.
+    """
+
+    def __init__(
+        self,
+        layout: str = "chw",
+        mode: str | None = "RGB",
+        backend: str = "auto",
+        size: int | tuple[int, int] | None = None,
+    ) -> None:
+        if layout not in IMAGE_LAYOUTS:
+            raise ValueError(f"image must be one of {IMAGE_LAYOUTS} or None, got {layout!r}")
+        self.layout, self.mode = layout, mode
+        self.backend = check_backend(backend)
+        self.size = image_size_hint(size)
+        self._jpeg: PillowJpeg | SimpleJpeg | None = None
+
+    def jpeg(self) -> PillowJpeg | SimpleJpeg:
+        """The JPEG backend (made on first use)."""
+        if self._jpeg is None:
+            self._jpeg = jpeg_backend(self.backend)
+        return self._jpeg
+
+    def __call__(self, data: bytes) -> Any:
+        if self.layout != "pil" and is_jpeg(data):
+            jpeg = self.jpeg()
+            eighths = 8
+            if self.size is not None:
+                eighths = dct_scale(*jpeg.size(data), *self.size, jpeg.scales)
+            array, _ = jpeg.decode(data, self.mode, eighths)
+            return image_tensor(array, self.layout)
+        with pillow_open(data) as opened:
+            if self.size is not None and opened.format == "JPEG":
+                width, height = opened.size
+                factor = 8 // dct_scale(height, width, *self.size, PILLOW_SCALES)
+                opened.draft(None, (max(1, width // factor), max(1, height // factor)))
+            mode = self.mode
             image = opened.convert(mode) if mode is not None and opened.mode != mode else opened
             image.load()
-            if layout == "pil":
+            if self.layout == "pil":
                 return image.copy() if image is opened else image
             array = np.array(image)
-        tensor = torch.from_numpy(array if array.ndim == 3 else array[:, :, None])
-        return tensor.permute(2, 0, 1).contiguous() if layout == "chw" else tensor
-
-    return decode
+        return image_tensor(array if array.ndim == 3 else array[:, :, None], self.layout)
 
 
-def default_decoders(image: str | None = "chw", image_mode: str | None = "RGB") -> dict[str, Any]:
+def default_decoders(
+    image: str | None = "chw",
+    image_mode: str | None = "RGB",
+    image_backend: str = "auto",
+    image_size: int | tuple[int, int] | None = None,
+) -> dict[str, Any]:
     """The built-in decoders by extension (``image=None`` leaves images as bytes)."""
     decoders: dict[str, Any] = {
         "json": json.loads,
@@ -95,24 +167,24 @@ def default_decoders(image: str | None = "chw", image_mode: str | None = "RGB") 
     }
     decoders.update(dict.fromkeys(AUDIO_EXTENSIONS, decode_audio))  # soundfile on first use
     if image is not None:
-        decode_image = _LazyImageDecoder(image, image_mode)
+        decode_image = ImageDecoder(image, image_mode, image_backend, image_size)
         decoders.update(dict.fromkeys(IMAGE_EXTENSIONS, decode_image))
+    elif image_size is not None or image_backend != "auto":
+        raise ValueError("image_size and image_backend apply to decoded images: image is None")
     return decoders
 
 
-class _LazyImageDecoder:
-    """Builds the Pillow decoder on first use, so samples without images never need Pillow."""
+class BadSample:
+    """A sample that failed to decode under ``on_error="skip"``: the error, not yet counted.
 
-    def __init__(self, layout: str, mode: str | None) -> None:
-        if layout not in IMAGE_LAYOUTS:
-            raise ValueError(f"image must be one of {IMAGE_LAYOUTS} or None, got {layout!r}")
-        self.layout, self.mode = layout, mode
-        self._decode: Decoder | None = None
+    Made where the work runs (maybe a pool thread); counted where items come out
+    in order (:class:`SettleBadSamples`), so the skip count matches the position.
+    """
 
-    def __call__(self, data: bytes) -> Any:
-        if self._decode is None:
-            self._decode = image_decoder(self.layout, self.mode)
-        return self._decode(data)
+    __slots__ = ("error",)
+
+    def __init__(self, error: BadRecordError) -> None:
+        self.error = error
 
 
 class SampleDecoder:
@@ -132,19 +204,28 @@ class SampleDecoder:
         self.errors = errors
         self._lookup: dict[str, Decoder | None] = {}
 
-    def _decoder_for(self, field: str) -> Decoder | None:
+    def decoder_for(self, field: str) -> Decoder | None:
+        """The decoder of ``field`` (``None``: left as it is)."""
         found = self._lookup.get(field, _SKIP)
         if found is _SKIP:
             found = self.decoders.get(field, self.decoders.get(field.rsplit(".", 1)[-1]))
             gzipped = field == "gz" or field.endswith(".gz")
             if gzipped and field not in self.decoders and "gz" not in self.decoders:
-                found = _Gunzipped(self._decoder_for(field[:-3]) if field != "gz" else None)
+                found = _Gunzipped(self.decoder_for(field[:-3]) if field != "gz" else None)
             if field.startswith("__"):
                 found = None
             self._lookup[field] = found
         return found  # type: ignore[return-value]
 
     def __call__(self, sample: Any) -> Any:
+        out = self.decode_fields(sample)
+        if type(out) is BadSample:
+            self.errors.handle(out.error)
+            return _SKIP
+        return out
+
+    def decode_fields(self, sample: Any) -> Any:
+        """The decoded sample, or a :class:`BadSample` (not counted) under ``"skip"``."""
         if not isinstance(sample, dict):
             raise TypeError(
                 f"decode() works on dict samples (from read_tar, read_bytes, ...), got "
@@ -152,7 +233,7 @@ class SampleDecoder:
             )
         out = dict(sample)
         for field, value in sample.items():
-            decode = self._decoder_for(field)
+            decode = self.decoder_for(field)
             if decode is None or not isinstance(value, bytes | bytearray | memoryview):
                 continue
             try:
@@ -160,16 +241,33 @@ class SampleDecoder:
             except ImportError:
                 raise  # a missing library is a setup error, not a bad record to skip
             except Exception as cause:  # noqa: BLE001 - any decoder failure is a bad record
-                error = BadRecordError(
-                    str(sample.get("__url__", "<no __url__>")),
-                    f"sample {sample.get('__key__')!r}, field {field!r}",
-                    f"cannot decode: {type(cause).__name__}: {cause}",
-                )
-                if not self.errors.skip:
-                    raise error from cause
-                self.errors.handle(error)
-                return _SKIP
+                return self.bad_field(sample, field, cause)
         return out
+
+    def bad_field(self, sample: dict[str, Any], field: str, cause: Exception) -> BadSample:
+        """Raise the error for ``field`` of ``sample`` (``"raise"``), or return it as a
+        :class:`BadSample` (``"skip"``)."""
+        error = BadRecordError(
+            str(sample.get("__url__", "<no __url__>")),
+            f"sample {sample.get('__key__')!r}, field {field!r}",
+            f"cannot decode: {type(cause).__name__}: {cause}",
+        )
+        if not self.errors.skip:
+            raise error from cause
+        return BadSample(error)
+
+
+class SettleBadSamples:
+    """Counts (or raises) the :class:`BadSample` items a pool or fused step produced."""
+
+    def __init__(self, errors: ErrorPolicy) -> None:
+        self.errors = errors
+
+    def __call__(self, item: Any) -> Any:
+        if type(item) is BadSample:
+            self.errors.handle(item.error)
+            return _SKIP
+        return item
 
 
 class _Gunzipped:
@@ -192,7 +290,7 @@ class DecodeNode(Node):
     kind = "decode"
     elastic = "transparent"
 
-    def __init__(self, upstream: Node, decoder: SampleDecoder) -> None:
+    def __init__(self, upstream: Node, decoder: SampleDecoder | SettleBadSamples) -> None:
         super().__init__(upstream)
         self._up = upstream
         self._decoder = decoder

@@ -1,0 +1,130 @@
+"""The recipe step for seeded random resized crops: ``pipe.random_resized_crop(224)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from datapipes.pipe import DataPipe, _rebuild
+from datapipes.steps import Decode
+from nodes import Context, Node
+from nodes.decode import DecodeNode, SampleDecoder, SettleBadSamples
+from nodes.parallel_map import ParallelMapNode
+from nodes.random_map import RandomMapNode
+from nodes.vision import CropParams, FusedDecodeCrop, ResizedCrop, WithStream, capture_stream
+
+#: Options that change how the crops are made, not what is drawn: left out of the draws' key.
+_HOW = ("fused", "num_threads")
+
+
+class RandomResizedCrop(DataPipe[Any]):
+    """Random resized crops and flips of images, seeded per item like ``random_map``.
+
+    See :meth:`DataPipe.random_resized_crop` and :mod:`nodes.vision`.
+    """
+
+    name = "random_resized_crop"
+    consumer_length = DataPipe._upstream_length
+
+    def __init__(
+        self,
+        upstream: DataPipe[Any],
+        size: int,
+        *,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        flip: float = 0.5,
+        fields: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        fused: bool = True,
+        num_threads: int | None = None,
+    ) -> None:
+        params = CropParams(size, _pair("scale", scale), _pair("ratio", ratio), float(flip))
+        kwargs: dict[str, Any] = {}
+        if params.scale != (0.08, 1.0):
+            kwargs["scale"] = params.scale
+        if params.ratio != (3 / 4, 4 / 3):
+            kwargs["ratio"] = params.ratio
+        if params.flip != 0.5:
+            kwargs["flip"] = params.flip
+        if fields is not None:
+            names = [fields] if isinstance(fields, str) else list(fields)
+            if not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(f"random_resized_crop fields must be field names, got {fields!r}")
+            kwargs["fields"] = fields if isinstance(fields, str) else tuple(names)
+        if seed is not None:
+            if type(seed) is not int:
+                raise TypeError(f"random_resized_crop seed must be an int, got {seed!r}")
+            kwargs["seed"] = seed
+        if fused is not True:
+            if fused is not False:
+                raise TypeError(f"random_resized_crop fused must be True or False, got {fused!r}")
+            kwargs["fused"] = False
+        if num_threads is not None:
+            if type(num_threads) is not int or num_threads < 1:
+                raise ValueError(
+                    f"random_resized_crop num_threads must be an int >= 1, got {num_threads!r}"
+                )
+            kwargs["num_threads"] = num_threads
+        super().__init__(upstream, args=(size,), **kwargs)
+
+    @property
+    def replays_input(self) -> bool:
+        """On threads it resumes like a parallel map: by re-reading up to 64 input items."""
+        return "num_threads" in self.kwargs
+
+    def params(self) -> CropParams:
+        kw = self.kwargs
+        return CropParams(
+            self.args[0],
+            kw.get("scale", (0.08, 1.0)),
+            kw.get("ratio", (3 / 4, 4 / 3)),
+            kw.get("flip", 0.5),
+        )
+
+    def fuses(self) -> bool:
+        """Whether it decodes the images itself: right after ``decode()``, ``fused=True``."""
+        return self.kwargs.get("fused", True) and isinstance(self.inputs[0], Decode)
+
+    def draw_key(self) -> int:
+        """The key of its draws: the step's place, whether or how it fuses or threads
+        (and the decode backend below it) left out, so those give the same crops."""
+        own = {k: v for k, v in self.kwargs.items() if k not in _HOW}
+        below = self.inputs[0]
+        if isinstance(below, Decode) and "image_backend" in below.kwargs:
+            rest = {k: v for k, v in below.kwargs.items() if k != "image_backend"}
+            below = _rebuild(Decode, {"inputs": below.inputs, "args": below.args, "kwargs": rest})
+        twin = _rebuild(type(self), {"inputs": (below,), "args": self.args, "kwargs": own})
+        return twin._key()
+
+    def _build(self, ctx: Context) -> Node[Any]:
+        params, fields = self.params(), self.kwargs.get("fields")
+        seed, threads = self.kwargs.get("seed"), self.kwargs.get("num_threads")
+        below = self.inputs[0]
+        if self.fuses():
+            assert isinstance(below, Decode)
+            errors = below.error_policy()
+            upstream = below.inputs[0].build(ctx)
+            fn: Any = FusedDecodeCrop(SampleDecoder(below.decoder_table(), errors), params, fields)
+        else:
+            upstream = below.build(ctx)
+            fn = ResizedCrop(params, fields)
+        key = self.draw_key()
+        if threads is None:
+            node: Node[Any] = RandomMapNode(upstream, fn, ctx, key, seed=seed)
+        else:  # the streams are keyed here, in order; the pool draws from copies of them
+            keyed = RandomMapNode(upstream, capture_stream, ctx, key, seed=seed)
+            node = ParallelMapNode(keyed, WithStream(fn), threads, method="thread")
+        if self.fuses():  # bad samples are counted (or raised) here, in order
+            node = DecodeNode(node, SettleBadSamples(errors))
+        return node
+
+
+def _pair(name: str, value: Sequence[float]) -> tuple[float, float]:
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"random_resized_crop {name} must be a (low, high) pair of numbers, got {value!r}"
+        ) from None
+    return low, high
