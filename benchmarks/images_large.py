@@ -333,4 +333,26 @@ def measure_limit(paths: list[str], count: int = 300, repeats: int = 2) -> dict[
         rates[name] = len(samples) / best
     cores = len(os.sched_getaffinity(0))
     fastest = max(rates, key=rates.__getitem__)
-    return {"rates": rates, "fastest": fastest, "cores": cores, "limit": rates[fastest] * cores}
+    return {
+        "rates": rates,
+        "fastest": fastest,
+        "cores": cores,
+        "limit": rates[fastest] * cores,
+        "reducible": reducible(samples),
+    }
+
+
+def reducible(samples: list[tuple[str, bytes]]) -> dict[str, float]:
+    """The share of ``samples`` whose crop allows a reduced DCT scale: 7/8 or less (any
+    libjpeg-turbo scale), 1/2 or less (Pillow's ``draft``: 1/2, 1/4, 1/8)."""
+    from PIL import Image
+
+    m8 = half = 0
+    for key, jpeg in samples:
+        with Image.open(io.BytesIO(jpeg)) as image:
+            width, height = image.size
+        need_w, need_h = min_scale_size(width, height, key_crop(key, width, height))
+        m8 += 8 * need_w <= 7 * width and 8 * need_h <= 7 * height
+        half += 2 * need_w <= width and 2 * need_h <= height
+    n = max(len(samples), 1)
+    return {"7/8 or less": m8 / n, "1/2 or less": half / n}

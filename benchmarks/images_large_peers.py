@@ -309,6 +309,14 @@ def datapipes(
     return run()
 
 
-def datapipes_threads(paths: list[str], threads: int, batch: int) -> Iterator[Batch]:
-    loader = dp.Loader(datapipes_recipe(paths, batch, threads), seed=SEED)
+def datapipes_threads(
+    paths: list[str], threads: int, batch: int, workers: int = 0
+) -> Iterator[Batch]:
+    """Decode + crop on ``threads`` threads (in each of ``workers`` worker processes)."""
+    loader = dp.Loader(datapipes_recipe(paths, batch, threads), seed=SEED, num_workers=workers)
     return (as_batch(item) for item in loader)
+
+
+def datapipes_workers_threads(paths: list[str], workers: int, batch: int) -> Iterator[Batch]:
+    """``workers`` worker processes, each decoding + cropping on 2 threads."""
+    return datapipes_threads(paths, 2, batch, workers)
