@@ -349,7 +349,10 @@ class Loader:
             raise RuntimeError(
                 "statistics are off for this Loader: make it with dp.Loader(..., stats=True)"
             )
-        return self._stats.report(self._root, self._cursor.last)
+        report = self._stats.report(self._root, self._cursor.last)
+        if self._takeovers is not None:
+            report.leases = self._takeovers.report()
+        return report
 
     def skipped(self) -> dict[str, int]:
         """Skips so far in this epoch, per step with ``on_error="skip"``.

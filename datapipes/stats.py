@@ -57,6 +57,11 @@ class PipelineStats:
     delivered: int  # items the Loader yielded to the training loop
     elapsed_seconds: float  # since the first item of the epoch was asked for
     loader_wait_seconds: float  # of which the training loop waited in next(loader)
+    #: With dispatch leases (``dispatch_lease_seconds``): ``{"wait_seconds": waiting for the
+    #: other ranks at the epoch's end, "took_over": [ranks this one took over],
+    #: "items_taken_over": items read of taken-over ranks, "fenced": whether this rank's
+    #: lease was taken}``; empty otherwise.
+    leases: dict[str, Any] = field(default_factory=dict)
 
     def slowest(self) -> StepStats | None:
         """The step with the most own time (wall-clock equivalent), or ``None`` if none ran."""
@@ -101,6 +106,14 @@ class PipelineStats:
                     f"dynamic dispatch ({step.step}): units claimed by consumer {{{units}}}; "
                     f"{step.dispatch['store_seconds']:.3f} s claiming them from the store"
                 )
+        if self.leases:
+            lease = self.leases
+            lines.append(
+                f"dispatch leases: {lease['wait_seconds']:.3f} s waiting for the other ranks at "
+                f"the epoch's end; took over ranks {lease['took_over']} "
+                f"({lease['items_taken_over']:,} items of theirs)"
+                + ("; this rank's lease was taken over" if lease["fenced"] else "")
+            )
         slowest = self.slowest()
         if slowest is not None:
             share = 100 * slowest.self_seconds / total

@@ -177,6 +177,15 @@ class Takeovers:
         self.lease: Lease | None = None
         self.reading_phase: int | None = None  # the taken rank whose units this rank reads
         self.fenced = False  # the last epoch ended because the lease was taken over
+        self._report = self._new_report()
+
+    @staticmethod
+    def _new_report() -> dict[str, Any]:
+        return {"wait_seconds": 0.0, "took_over": [], "items_taken_over": 0, "fenced": False}
+
+    def report(self) -> dict[str, Any]:
+        """This epoch's lease statistics (see :class:`datapipes.PipelineStats`)."""
+        return {**self._report, "took_over": list(self._report["took_over"])}
 
     @property
     def client(self) -> Any:
@@ -189,6 +198,8 @@ class Takeovers:
         lease was taken over. Then, when ``items`` ended, the takeover phases."""
         self.fenced = False
         lease = self.lease
+        if lease is None or lease.key != lease_key(spec.key, self.loader.rank):
+            self._report = self._new_report()  # a new epoch (not one continued after close())
         if lease is None or lease.key != lease_key(spec.key, self.loader.rank) or lease.lost:
             lease = self.lease = Lease(self.client, spec.key, self.loader.rank, self.lease_seconds)
         try:
@@ -205,7 +216,7 @@ class Takeovers:
                 yield item
             yield from self._after(spec)
         except LeaseLost as lost:
-            self.fenced = True
+            self.fenced = self._report["fenced"] = True
             warnings.warn(
                 f"{lost}; this rank ends epoch {spec.epoch} here (what it had not delivered, "
                 "the item it was about to deliver included, goes to that rank)",
@@ -242,12 +253,16 @@ class Takeovers:
             waiting, stale = watch.pending(leases, len(read))
             if not waiting:
                 return
+            started = time.perf_counter()
             for rank, raw in stale:
-                self._take(spec, watch, rank, raw)
+                if self._take(spec, watch, rank, raw):
+                    self._report["took_over"].append(rank)
             time.sleep(POLL_SECONDS)
+            self._report["wait_seconds"] += time.perf_counter() - started
 
-    def _take(self, spec: DispatchSpec, watch: LeaseWatch, rank: int, raw: bytes) -> None:
-        """Take ``rank``'s lease over (if it still holds ``raw``) and publish its work."""
+    def _take(self, spec: DispatchSpec, watch: LeaseWatch, rank: int, raw: bytes) -> bool:
+        """Take ``rank``'s lease over (if it still holds ``raw``) and publish its work;
+        whether this rank took it."""
         lease = self.lease
         assert lease is not None
         # Active while it holds work nobody else knows of (between taking the lease and
@@ -255,11 +270,12 @@ class Takeovers:
         lease.publish_state(_text(self.loader.state_dict()))
         old = watch.take(rank, raw)
         if old is None:  # another rank was first, or it woke up
-            return
+            return False
         work: el.Work = {}
         if old["status"] != DONE:
             work = self._work_of(spec, watch, rank, old)
         self.client.set(f"{spec.key}/takeover/{rank}", json.dumps(work))
+        return True
 
     def _work_of(
         self, spec: DispatchSpec, watch: LeaseWatch, rank: int, old: dict[str, Any]
@@ -323,6 +339,7 @@ class Takeovers:
                     lease.publish_state(state_of(), phase=taken)
                 else:
                     lease.delivered()
+                self._report["items_taken_over"] += 1
                 yield item
         finally:
             self.reading_phase = None

@@ -380,3 +380,36 @@ def test_random_stalls_deliver_every_item_once(case: int) -> None:
         late = list(iterator)
     delivered = early + late + [i for items in results.values() for i in items]
     assert_exactly_once(delivered, count)
+
+
+def test_stats_tell_the_wait_the_takeovers_and_the_fence() -> None:
+    store = private_file_store()
+    first, second = (
+        dp.Loader(
+            make_pipe(200),
+            rank=rank,
+            world_size=2,
+            dispatch="dynamic",
+            store=store,
+            dispatch_unit_items=10,
+            dispatch_lease_seconds=LEASE,
+            even_batches=False,
+            stats=True,
+        )  # fmt: skip
+        for rank in range(2)
+    )
+    stalled = iter(second)
+    early = [next(stalled) for _ in range(15)]
+    stall(second)
+    survivor = list(first)
+    with pytest.warns(LeaseTakenWarning):
+        list(stalled)
+    mine, theirs = first.stats(), second.stats()
+    assert mine.leases["took_over"] == [1] and not mine.leases["fenced"]
+    assert mine.leases["wait_seconds"] >= LEASE
+    # rank 1 had claimed units 0-1 (it was reading the second): their rest came over
+    assert 0 < mine.leases["items_taken_over"] <= 20 - len(early)
+    assert theirs.leases["fenced"] and theirs.leases["took_over"] == []
+    assert "took over ranks [1]" in str(mine) and "was taken over" in str(theirs)
+    assert_exactly_once(survivor + early, 200)
+    assert mine.as_dict()["leases"]["took_over"] == [1]
