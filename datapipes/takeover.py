@@ -35,7 +35,7 @@ from nodes import UPSTREAM, Context
 from nodes import elastic as el
 from nodes import torchdata_adapter as torchdata
 from nodes.dispatch import Dispatcher, DispatchSpec
-from nodes.dispatch.dispatcher import SEAL, claimants, claims_in, pointer_key
+from nodes.dispatch.dispatcher import claims_in, pointer_key, seal
 from nodes.dispatch.lease import DONE, TAKEN, Lease, LeaseLost, LeaseWatch, lease_key
 from nodes.errors import InvalidStateError
 
@@ -70,20 +70,6 @@ def check_lease_seconds(seconds: Any, even_batches: bool | None) -> None:
 
 def _text(state: dict[str, Any]) -> str:
     return json.dumps(state, separators=(",", ":"))
-
-
-def seal(client: Any, key: str, rank: int) -> list[str]:
-    """Seal ``rank``'s claims on the fenced claim list ``key``; the list's entries then."""
-    current = client.get_or_none(key) or b""
-    while True:
-        entries = claimants(current)
-        if f"{SEAL}{rank}" in entries:
-            return entries
-        wanted = current.decode() + f"{SEAL}{rank},"
-        now = client.compare_set(key, current.decode(), wanted)
-        if now.decode() == wanted:
-            return claimants(wanted)
-        current = now
 
 
 def taken_work(

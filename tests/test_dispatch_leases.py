@@ -413,3 +413,17 @@ def test_stats_tell_the_wait_the_takeovers_and_the_fence() -> None:
     assert "took over ranks [1]" in str(mine) and "was taken over" in str(theirs)
     assert_exactly_once(survivor + early, 200)
     assert mine.as_dict()["leases"]["took_over"] == [1]
+
+
+def test_a_damaged_published_position_is_a_clear_error() -> None:
+    first, second = loaders(2)
+    stalled = iter(second)
+    for _ in range(80):  # past the first full state: it publishes one every 64 items
+        next(stalled)
+    stall(second)
+    lease = second._takeovers.lease  # type: ignore[union-attr]
+    number = lease._value["state"]  # type: ignore[union-attr]
+    client = first._dispatch.client  # type: ignore[union-attr]
+    client.set(f"{lease.key}/state/{number}", '{"version": 5, "ranks": 3}')  # type: ignore[union-attr]
+    with pytest.raises(dp.InvalidStateError):
+        list(first)

@@ -94,23 +94,36 @@ def claims_in(entries: list[str], consumer: int) -> list[int]:
     return units
 
 
-def fenced_claim(client: StoreClient, key: str, consumer: int, rank: int) -> int | None:
-    """Claim the next unit in a fenced claim list: ``compare_set`` appends this consumer
-    to the list (its length before is the unit), unless the list seals ``rank``: then
-    ``None``. One atomic write both claims and checks the fence, so a consumer of a rank
-    whose lease was taken over can never claim a unit its taker did not see."""
+def append_unless_sealed(client: StoreClient, key: str, entry: str, rank: int) -> list[str] | None:
+    """Append ``entry`` to the fenced claim list ``key`` unless the list seals ``rank``:
+    the entries it had before, or ``None`` (sealed). One ``compare_set`` both writes and
+    checks, retried while other consumers append first."""
     seal = f"{SEAL}{rank}"
     current = client.get_or_none(key) or b""
     while True:
         entries = claimants(current)
         if seal in entries:
             return None
-        unit = sum(1 for entry in entries if not entry.startswith(SEAL))
-        wanted = current.decode() + f"{consumer},"
+        wanted = current.decode() + f"{entry},"
         now = client.compare_set(key, current.decode(), wanted)
         if now.decode() == wanted:
-            return unit
+            return entries
         current = now
+
+
+def fenced_claim(client: StoreClient, key: str, consumer: int, rank: int) -> int | None:
+    """Claim the next unit in a fenced claim list: append this consumer (the number of
+    units claimed before is its unit), or ``None`` when the list seals ``rank``. So a
+    consumer of a rank whose lease was taken over can never claim a unit its taker did
+    not see."""
+    before = append_unless_sealed(client, key, str(consumer), rank)
+    return None if before is None else sum(1 for e in before if not e.startswith(SEAL))
+
+
+def seal(client: StoreClient, key: str, rank: int) -> list[str]:
+    """Seal ``rank``'s claims on the fenced claim list ``key``; the list's entries then."""
+    append_unless_sealed(client, key, f"{SEAL}{rank}", rank)
+    return claimants(client.get_or_none(key))
 
 
 def recorded_claims(client: StoreClient, key: str, place: str, consumer: int) -> list[int]:
