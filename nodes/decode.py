@@ -16,6 +16,7 @@ import torch
 from nodes.audio import AUDIO_EXTENSIONS, decode_audio
 from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import BadRecordError, ErrorPolicy
+from nodes.intra_op import one_thread
 from nodes.jpeg import (
     PILLOW_SCALES,
     PillowJpeg,
@@ -91,7 +92,13 @@ def image_size_hint(size: int | tuple[int, int] | None) -> tuple[int, int] | Non
 def image_tensor(array: np.ndarray, layout: str) -> torch.Tensor:
     """An ``(H, W, C)`` uint8 array as a tensor laid out ``"chw"`` (a copy) or ``"hwc"``."""
     tensor = torch.from_numpy(array)
-    return tensor.permute(2, 0, 1).contiguous() if layout == "chw" else tensor
+    if layout != "chw":
+        return tensor
+    return one_thread(_to_chw, tensor)  # a per-item copy: see nodes.intra_op
+
+
+def _to_chw(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.permute(2, 0, 1).contiguous()
 
 
 class ImageDecoder:

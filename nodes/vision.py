@@ -39,6 +39,7 @@ from nodes.decode import (
     SampleDecoder,
     image_tensor,
 )
+from nodes.intra_op import one_thread
 from nodes.jpeg import is_jpeg
 
 Box = tuple[int, int, int, int]  # top, left, height, width (full-resolution pixels)
@@ -105,6 +106,10 @@ def centre_box(height: int, width: int, ratio: tuple[float, float]) -> Box:
 
 def resize(image: torch.Tensor, size: int, flip: bool) -> torch.Tensor:
     """A uint8 ``(C, h, w)`` image (any strides) resized to ``(C, size, size)``, flipped."""
+    return one_thread(_resize, image, size, flip)  # per-item work: see nodes.intra_op
+
+
+def _resize(image: torch.Tensor, size: int, flip: bool) -> torch.Tensor:
     if image.shape[1] == image.shape[2] == size:
         out = image
     else:

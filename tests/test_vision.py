@@ -6,6 +6,7 @@ fused with decode (same boxes; the same pixels where no DCT reduction applies), 
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from itertools import islice
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 import datapipes as dp
 from nodes import Context
 from nodes.errors import BadRecordError
+from nodes.intra_op import one_thread, openmp_runtime
 from nodes.random_map import RandomMapError
 from nodes.testing import check_node, roundtrip_state
 from nodes.transforms import MapNode
@@ -392,3 +394,20 @@ def test_output_area_matches_the_box_it_was_resized_from():
     out = ResizedCrop(params, None)(image, np.random.default_rng(0))
     column = int(out[0].float().mean(0).argmax())
     assert math.isclose(column, 20 / 40 * 10, abs_tol=1)  # the whole image (scale 1, ratio 4/3)
+
+
+def test_per_item_torch_ops_run_on_one_thread_and_leave_the_callers_setting():
+    if openmp_runtime() is None:
+        pytest.skip("torch's OpenMP runtime was not found: calls run unchanged")
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    try:
+        assert one_thread(torch.get_num_threads) == 1
+        assert torch.get_num_threads() == max(2, before)
+        seen: list[int] = []
+        other = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        other.start()
+        other.join()
+        assert seen[0] > 1  # other threads keep the process's count
+    finally:
+        torch.set_num_threads(before)
