@@ -86,6 +86,11 @@ class RandomResizedCrop(DataPipe[Any]):
         """Whether it decodes the images itself: right after ``decode()``, ``fused=True``."""
         return self.kwargs.get("fused", True) and isinstance(self.inputs[0], Decode)
 
+    def stats_label(self) -> str:
+        """Fused, the row says it does the decode too: ``decode() + random_resized_crop(224)``."""
+        own = self.describe_step()
+        return f"{self.inputs[0].describe_step()} + {own}" if self.fuses() else own
+
     def draw_key(self) -> int:
         """The key of its draws: the step's place, whether or how it fuses or threads
         (and the decode backend below it) left out, so those give the same crops."""

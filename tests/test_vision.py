@@ -411,3 +411,14 @@ def test_per_item_torch_ops_run_on_one_thread_and_leave_the_callers_setting():
         assert seen[0] > 1  # other threads keep the process's count
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_stats_row_of_the_fused_step_names_the_decode_too(shards):
+    loader = dp.Loader(recipe(shards), stats=True)
+    assert len(list(loader)) == 24
+    steps = [line.split("  ")[0] for line in str(loader.stats()).splitlines()[1:]]
+    assert "decode() + random_resized_crop(16)" in steps and "decode()" not in steps
+    unfused = dp.Loader(recipe(shards, fused=False), stats=True)
+    list(unfused)
+    steps = [line.split("  ")[0] for line in str(unfused.stats()).splitlines()[1:]]
+    assert "decode()" in steps and "random_resized_crop(16, fused=False)" in steps
