@@ -40,6 +40,12 @@ class RandomResizedCrop(DataPipe[Any]):
         num_threads: int | None = None,
     ) -> None:
         params = CropParams(size, _pair("scale", scale), _pair("ratio", ratio), float(flip))
+        layout = upstream.kwargs.get("image", "chw") if isinstance(upstream, Decode) else "chw"
+        if layout in ("hwc", "pil"):  # None: images stay bytes, or decoders of the user's
+            raise ValueError(
+                f"random_resized_crop works on (C, H, W) tensors, but the decode() before it "
+                f"makes image={layout!r}: use decode() (image='chw', the default)"
+            )
         kwargs: dict[str, Any] = {}
         if params.scale != (0.08, 1.0):
             kwargs["scale"] = params.scale

@@ -127,9 +127,15 @@ def crop_resize(image: torch.Tensor, box: Box, size: int, flip: bool) -> torch.T
 
 def check_image(value: Any, field: str | None) -> torch.Tensor:
     """``value`` if it is a uint8 CHW tensor, else a TypeError saying what to change."""
-    if isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 3:
-        return value
     where = "the item" if field is None else f"field {field!r}"
+    if isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 3:
+        if value.shape[0] > 4 and value.shape[2] in (1, 3, 4):
+            raise TypeError(
+                f"random_resized_crop works on (C, H, W) images, but {where} is shaped "
+                f"{tuple(value.shape)}, which looks like (H, W, C): decode with "
+                "decode(image='chw') (the default), or permute(2, 0, 1) it first"
+            )
+        return value
     shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
     raise TypeError(
         f"random_resized_crop works on uint8 (C, H, W) tensors, but {where} is "

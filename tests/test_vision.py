@@ -194,9 +194,18 @@ def test_fields_pick_the_images_to_crop():
 
 def test_images_not_decoded_to_chw_tensors_are_refused_saying_why():
     sample = {"__key__": "a", "jpg": jpeg_bytes(natural_image(40, 60))}
-    pipe = dp.from_sequence([sample]).decode(image="pil").random_resized_crop(20)
-    with pytest.raises(TypeError, match=r"uint8 \(C, H, W\) tensors.*field 'jpg' is"):
-        list(dp.Loader(pipe))
+    for layout in ("pil", "hwc"):
+        with pytest.raises(ValueError, match=f"makes image='{layout}'"):
+            dp.from_sequence([sample]).decode(image=layout).random_resized_crop(20)
+    hwc = dp.from_sequence([sample]).decode(image="hwc").map(lambda s: s)
+    with pytest.raises(TypeError, match=r"shaped \(40, 60, 3\), which looks like \(H, W, C\)"):
+        list(dp.Loader(hwc.random_resized_crop(20)))
+    as_bytes = dp.from_sequence([sample]).decode(image=None).random_resized_crop(20)
+    with pytest.raises(TypeError, match=r"uint8 \(C, H, W\) tensors.*field 'jpg' is bytes"):
+        list(dp.Loader(as_bytes))
+    floats = dp.from_sequence([torch.zeros(3, 8, 8)]).random_resized_crop(4)
+    with pytest.raises(TypeError, match="the item is Tensor torch.float32"):
+        list(dp.Loader(floats))
 
 
 def test_bad_arguments_are_refused_when_the_recipe_is_made():
