@@ -365,6 +365,6 @@ class WithStream:
 
     def __call__(self, pair: tuple[Any, dict[str, Any]]) -> Any:
         item, state = pair
-        bg = np.random.Philox()
+        bg = np.random.Philox(key=0)  # a key: no OS entropy drawn for a state replaced next
         bg.state = state
         return self.fn(item, np.random.Generator(bg))
