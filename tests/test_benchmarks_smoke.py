@@ -205,9 +205,9 @@ def test_dynamic_dispatch_benchmark_reports_balance_units_and_overhead(tmp_path:
     assert len(balance) == 3, balance  # range, JSONL files, fewer files (split into parts)
     assert balance[0][0].startswith("range(") and " JSONL records in " in balance[1][0], balance
     assert " JSONL records in " in balance[2][0], balance
-    for row in balance:
-        assert RATIO.match(row[4]) and RATIO.match(row[5]), row  # static, dynamic / ideal
-        assert row[7] in ("PASS", "MISS"), row
+    for row in balance:  # static, dynamic, dynamic with leases / ideal
+        assert RATIO.match(row[5]) and RATIO.match(row[6]) and RATIO.match(row[7]), row
+        assert row[9] in ("PASS", "MISS"), row
 
     units = table_rows(markdown, "Unit size")
     assert [row[0] for row in units] == ["64", "256", "1,024", "4,096"], units
