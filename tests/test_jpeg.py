@@ -259,3 +259,14 @@ def test_recipe_repr_and_identity_keep_the_new_options():
     assert repr(pipe) == "dp.range(1).decode(image_size=(224, 224), image_backend='pillow')"
     assert pipe.fingerprint() != dp.range(1).decode().fingerprint()
     assert repr(dp.range(1).decode()) == "dp.range(1).decode()"
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "auto"])
+def test_the_scale_a_decode_reports_is_the_one_it_used_even_for_tiny_images(backend):
+    jpeg = jpeg_backend(backend)
+    for height, width in [(1, 1), (3, 5), (7, 9), (9, 17), (15, 8), (64, 48)]:
+        data = jpeg_bytes(natural_image(height, width))
+        for eighths in (1, 2, 3, 4, 8):
+            array, used = jpeg.decode(data, "RGB", eighths)
+            assert array.shape[:2] == scaled_size(height, width, used), (height, width, eighths)
+            assert used in jpeg.scales or used < eighths  # Pillow: an image under 8 px wide
