@@ -154,6 +154,8 @@ class SimpleJpeg:
             else:
                 min_height, min_width = scaled_size(height, width, eighths)
                 array = sj.decode_jpeg(data, colorspace, min_height=min_height, min_width=min_width)
+                if array.shape[:2] != (min_height, min_width):  # it chose another scale
+                    return self._fallback(data, mode, eighths)
         except ValueError:  # truncated or damaged (strict): Pillow decides, and says why
             return self._fallback(data, mode, eighths)
         return (array if array.ndim == 3 else array[:, :, None]), eighths
