@@ -301,7 +301,8 @@ class DataPipe(Generic[T]):
         box at least ``size`` pixels on each side. The boxes are the same as
         unfused; the pixels are identical when no reduction applies and
         slightly different (a lower-resolution source) when one does;
-        ``fused=False`` decodes at full size first. ``num_threads=k`` decodes
+        ``fused=False`` decodes at full size first (the decode's
+        ``image_size`` applies then; fused, the box sets the scale). ``num_threads=k`` decodes
         and crops on ``k`` threads (the decoders release the GIL), resuming
         like ``map(..., num_workers=k)``, with the same pixels.
 
