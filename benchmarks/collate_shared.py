@@ -6,9 +6,11 @@ ways, taking turns: ``dp.default_collate`` (stacked into shared memory in the
 worker) and a plain ``torch.stack`` into ordinary memory (which torch copies
 into shared memory when it sends the batch). Each sample is a fresh copy of
 one random image (the copy stands for a decode). Prints, per batch, best of
-``--repeats``: wall time, the main process's CPU time (receiving: unpickling,
-mapping the shared memory) and the workers' CPU time (collating and sending),
-and checks that every batch equals the one collated in this process::
+``--repeats``: wall time and the main process's CPU time from the second
+batch on (receiving: unpickling, mapping the shared memory, freeing it; the
+workers' start and this script's checks left out), the workers' CPU time
+(start, collating and sending), and checks that every batch equals the one
+collated in this process::
 
     python benchmarks/collate_shared.py [--batches 12] [--repeats 5] [--workers 1]
 """
@@ -50,21 +52,25 @@ def _cpu(who: int) -> float:
 
 
 def one_pass(pipe: dp.DataPipe[Any], workers: int) -> tuple[float, float, float, list[Any]]:
-    """Wall, main CPU and worker CPU seconds of one epoch; the batches' first bytes."""
+    """Wall and main CPU seconds per batch after the first (the workers' start left out),
+    workers' CPU seconds per batch, and a digest of each batch, for one epoch."""
     gc.collect()
-    start, main0, kids0 = (
-        time.perf_counter(),
-        _cpu(resource.RUSAGE_SELF),
-        _cpu(resource.RUSAGE_CHILDREN),
-    )
+    kids0 = _cpu(resource.RUSAGE_CHILDREN)
     loader = iter(dp.Loader(pipe, num_workers=workers))
     seen = []
+    checking = 0.0  # the main's CPU spent on the digests, not on receiving
     for batch in loader:
+        if not seen:  # the steady state starts at the second batch
+            start, main0 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+        before = _cpu(resource.RUSAGE_SELF)
         seen.append((tuple(batch.shape), int(batch.view(-1)[:4096].sum()), int(batch[-1].sum())))
-    wall, main = time.perf_counter() - start, _cpu(resource.RUSAGE_SELF) - main0
+        checking += _cpu(resource.RUSAGE_SELF) - before if len(seen) > 1 else 0.0
+    steady = max(len(seen) - 1, 1)
+    wall, main = time.perf_counter() - start, _cpu(resource.RUSAGE_SELF) - main0 - checking
     del loader, batch
     gc.collect()
-    return wall, main, _cpu(resource.RUSAGE_CHILDREN) - kids0, seen
+    kids = _cpu(resource.RUSAGE_CHILDREN) - kids0
+    return wall / steady, main / steady, kids / len(seen), seen
 
 
 def main() -> None:
@@ -94,14 +100,10 @@ def main() -> None:
         f"{args.batches} batches of {args.batch}x3x{args.size}x{args.size} uint8 ({mb:.1f} MiB), "
         f"{args.workers} worker(s), best of {args.repeats}, torch {torch.__version__}; per batch:"
     )
-    n = args.batches
     print("| collate | wall (ms) | main CPU (ms) | workers' CPU (ms) |")
     print("|---|---:|---:|---:|")
     for name, (wall, main_cpu, kids_cpu) in best.items():
-        print(
-            f"| {name} | {wall / n * 1e3:.1f} | {main_cpu / n * 1e3:.1f} "
-            f"| {kids_cpu / n * 1e3:.1f} |"
-        )
+        print(f"| {name} | {wall * 1e3:.1f} | {main_cpu * 1e3:.2f} | {kids_cpu * 1e3:.1f} |")
 
 
 if __name__ == "__main__":
