@@ -149,11 +149,15 @@ class SimpleJpeg:
             height, width, layout, subsampling = sj.decode_jpeg_header(data)
             if (layout, subsampling, mode) not in _SIMPLEJPEG_EXACT:
                 return self._fallback(data, mode, eighths)
+            # Pillow's settings, said explicitly: accurate IDCT, fancy upsampling.
+            exact = {"fastdct": False, "fastupsample": False}
             if eighths == 8:
-                array = sj.decode_jpeg(data, colorspace)
+                array = sj.decode_jpeg(data, colorspace, **exact)
             else:
                 min_height, min_width = scaled_size(height, width, eighths)
-                array = sj.decode_jpeg(data, colorspace, min_height=min_height, min_width=min_width)
+                array = sj.decode_jpeg(
+                    data, colorspace, min_height=min_height, min_width=min_width, **exact
+                )
                 if array.shape[:2] != (min_height, min_width):  # it chose another scale
                     return self._fallback(data, mode, eighths)
         except ValueError:  # truncated or damaged (strict): Pillow decides, and says why
