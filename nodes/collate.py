@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nodes.handover import shared_batch
+from nodes.handover import shared_batch, wants_shared_batch
 
 _NUMBER_TYPES = (bool, int, float)
 
@@ -111,6 +111,7 @@ def _shared_out_for_tensors(samples: list[Any]) -> torch.Tensor | None:
         or first.device.type != "cpu"
         or first.layout != torch.strided
         or first.requires_grad  # stack(out=...) does not record gradients
+        or not wants_shared_batch(first.nbytes * len(samples))  # checked before the loop
     ):
         return None
     dtype = first.dtype
@@ -121,11 +122,14 @@ def _shared_out_for_tensors(samples: list[Any]) -> torch.Tensor | None:
 
 def _shared_out_for_arrays(samples: list[Any]) -> torch.Tensor | None:
     """Where to stack same-shaped arrays of one native dtype in a worker: shared memory."""
-    dtype = samples[0].dtype
+    first = samples[0]
+    if not wants_shared_batch(first.nbytes * len(samples)):
+        return None
+    dtype = first.dtype
     if any(not isinstance(s, np.ndarray) or s.dtype != dtype for s in samples):
         return None  # mixed: np.stack promotes as it always did
     try:
         torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
     except TypeError:  # a dtype torch has no match for: the ordinary path reports it
         return None
-    return shared_batch((len(samples), *samples[0].shape), torch_dtype)
+    return shared_batch((len(samples), *first.shape), torch_dtype)

@@ -118,6 +118,12 @@ def inline_small_tensors(item: Any) -> Any:
         return item
 
 
+def wants_shared_batch(nbytes: int) -> bool:
+    """Whether a batch of ``nbytes`` collated here should be made in shared memory: in a
+    DataLoader worker, over ``INLINE_TENSOR_BYTES`` (smaller ones travel inside the pickle)."""
+    return nbytes > INLINE_TENSOR_BYTES and torch.utils.data.get_worker_info() is not None
+
+
 def shared_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
     """An empty CPU tensor of ``shape`` in shared memory, to collate a batch into, when
     this is a DataLoader worker and the batch is too large to travel inline; else ``None``.
@@ -128,13 +134,11 @@ def shared_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | N
     a tensor backed by that shared memory, as before: ordinary in every way
     but ``resize_`` to a larger size (torch's ``DataLoader`` batches are the same).
     """
-    if torch.utils.data.get_worker_info() is None:
-        return None  # in the main process nothing crosses: ordinary memory is cheaper
     count = 1
     for size in shape:
         count *= size
     nbytes = count * dtype.itemsize
-    if nbytes <= INLINE_TENSOR_BYTES:
-        return None  # sent inside the pickle (see inline_small_tensors)
+    if not wants_shared_batch(nbytes):
+        return None  # in the main process nothing crosses: ordinary memory is cheaper
     storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
