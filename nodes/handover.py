@@ -13,6 +13,7 @@ so it crosses with no copy at all.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -118,10 +119,29 @@ def inline_small_tensors(item: Any) -> Any:
         return item
 
 
+#: At most this many batches made by :func:`shared_batch` live at once in one worker; more
+#: are made in ordinary memory (copied when sent, as before). Each holds a file descriptor
+#: until it is freed, and a recipe that keeps many batches in the worker (``batch()`` then
+#: ``shuffle()``) would otherwise run into the open-file limit (often 1,024).
+MAX_LIVE_SHARED_BATCHES = 64
+
+_live_shared_batches = 0
+
+
+def _shared_batch_freed() -> None:
+    global _live_shared_batches
+    _live_shared_batches -= 1
+
+
 def wants_shared_batch(nbytes: int) -> bool:
     """Whether a batch of ``nbytes`` collated here should be made in shared memory: in a
-    DataLoader worker, over ``INLINE_TENSOR_BYTES`` (smaller ones travel inside the pickle)."""
-    return nbytes > INLINE_TENSOR_BYTES and torch.utils.data.get_worker_info() is not None
+    DataLoader worker, over ``INLINE_TENSOR_BYTES`` (smaller ones travel inside the pickle),
+    while fewer than ``MAX_LIVE_SHARED_BATCHES`` are alive."""
+    return (
+        nbytes > INLINE_TENSOR_BYTES
+        and _live_shared_batches < MAX_LIVE_SHARED_BATCHES
+        and torch.utils.data.get_worker_info() is not None
+    )
 
 
 def shared_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
@@ -140,5 +160,9 @@ def shared_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | N
     nbytes = count * dtype.itemsize
     if not wants_shared_batch(nbytes):
         return None  # in the main process nothing crosses: ordinary memory is cheaper
+    global _live_shared_batches
     storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+    batch = torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+    _live_shared_batches += 1
+    weakref.finalize(batch, _shared_batch_freed)  # sent or dropped: another may be made
+    return batch

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import datapipes as dp
+from nodes import handover
 from nodes.handover import INLINE_TENSOR_BYTES, shared_batch
 from nodes.testing import same
 
@@ -100,4 +101,21 @@ def test_small_and_mixed_batches_in_workers_are_collated_as_before() -> None:
     for item in dp.Loader(mixed, num_workers=2):
         images = [mixed_dtypes(i) for i in item["index"].tolist()]
         assert item["image"].dtype == torch.float32
+        assert same(item["image"], torch.stack(images))
+
+
+@pytest.mark.slow
+def test_a_worker_keeps_few_shared_batches_alive_then_uses_ordinary_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Forked workers inherit the lower limit; 6 large batches per worker wait in the
+    # shuffle buffer at once, so the ones past the limit are made in ordinary memory.
+    monkeypatch.setattr(handover, "MAX_LIVE_SHARED_BATCHES", 2)
+    pipe = dp.range(BATCH * 12).map(lambda i: {"index": i, "image": chw_image(i)})
+    pipe = pipe.batch(BATCH).shuffle(6).map(where_made)
+    got = list(dp.Loader(pipe, num_workers=2))
+    shared = [item["shared_in_worker"] for item in got]
+    assert 0 < sum(shared) < len(shared) == 12
+    for item in got:  # wherever it was made, each batch holds its images
+        images = [chw_image(i) for i in item["index"].tolist()]
         assert same(item["image"], torch.stack(images))
