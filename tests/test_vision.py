@@ -380,7 +380,7 @@ def summary(sample: dict[str, Any]) -> tuple[str, int, float]:
 @pytest.mark.parametrize("crop", [{}, {"num_threads": 2}])
 def test_node_conformance(shards, crop):
     pipe = recipe(shards, **crop)
-    report = check_node(lambda ctx: MapNode(pipe.build(ctx), summary), max_positions=12)
+    report = check_node(lambda ctx: MapNode(pipe.build(ctx), summary), max_positions=6)
     assert report.positions_checked > 0
 
 
