@@ -5,6 +5,7 @@ fused with decode (same boxes; the same pixels where no DCT reduction applies), 
 
 from __future__ import annotations
 
+import io
 import math
 import threading
 import warnings
@@ -431,3 +432,47 @@ def test_the_stats_row_of_the_fused_step_names_the_decode_too(shards):
     list(unfused)
     steps = [line.split("  ")[0] for line in str(unfused.stats()).splitlines()[1:]]
     assert "decode()" in steps and "random_resized_crop(16, fused=False)" in steps
+
+
+def crops_both_ways(samples: list[dict[str, Any]], size: int, **decode: Any) -> list[Any]:
+    pipe = dp.from_sequence(samples).decode(**decode)
+    return [
+        list(dp.Loader(pipe.random_resized_crop(size, fused=fused), seed=3))
+        for fused in (True, False)
+    ]
+
+
+def test_png_fields_fused_are_the_unfused_crops_exactly():
+    samples = [
+        {"__key__": f"p{i}", "png": png_bytes(natural_image(50, 70, seed=i))} for i in range(6)
+    ]
+    fused, unfused = crops_both_ways(samples, 12)
+    assert all(torch.equal(a["png"], b["png"]) for a, b in zip(fused, unfused))
+
+
+def test_one_channel_reduced_decodes_are_close_too():
+    samples = [
+        {"__key__": f"g{i}", "jpg": jpeg_bytes(natural_image(HEIGHT, WIDTH, seed=i, channels=1))}
+        for i in range(8)
+    ]
+    fused, unfused = crops_both_ways(samples, REDUCED, image_mode="L")
+    diffs = [
+        (a["jpg"].float() - b["jpg"].float()).abs().mean().item() for a, b in zip(fused, unfused)
+    ]
+    assert all(a["jpg"].shape == (1, REDUCED, REDUCED) for a in fused)
+    assert max(diffs) < 6.0 and sum(d > 0 for d in diffs) >= 4, diffs
+
+
+def decode_to_chw(data: bytes) -> torch.Tensor:
+    """A decoder of the user's: the fused step crops its tensors as they come."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)
+
+
+def test_an_image_field_with_a_decoder_of_the_users_is_cropped_after_it():
+    samples = [jpeg_sample(i) for i in range(4)]
+    fused, unfused = crops_both_ways(samples, NO_REDUCTION, decoders={"jpg": decode_to_chw})
+    assert all(torch.equal(a["jpg"], b["jpg"]) for a, b in zip(fused, unfused))
+    assert all(a["jpg"].shape == (3, NO_REDUCTION, NO_REDUCTION) for a in fused)
