@@ -147,7 +147,7 @@ class SimpleJpeg:
         sj = self._sj
         try:
             height, width, layout, subsampling = sj.decode_jpeg_header(data)
-            if (layout, subsampling, mode) not in _SIMPLEJPEG_EXACT:
+            if (layout, subsampling, mode) not in _SIMPLEJPEG_EXACT or _bomb(height, width):
                 return self._fallback(data, mode, eighths)
             # Pillow's settings, said explicitly: accurate IDCT, fancy upsampling.
             exact = {"fastdct": False, "fastupsample": False}
@@ -168,6 +168,15 @@ class SimpleJpeg:
         self, data: bytes | bytearray | memoryview, mode: str | None, eighths: int
     ) -> tuple[np.ndarray, int]:
         return self._pillow.decode(data, mode, eighths)
+
+
+def _bomb(height: int, width: int) -> bool:
+    """Whether Pillow would warn about or refuse an image this big (its decompression-bomb
+    limit, ``PIL.Image.MAX_IMAGE_PIXELS``): such files go to Pillow, which does so."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    return limit is not None and height * width > limit
 
 
 def import_simplejpeg() -> Any:

@@ -270,3 +270,20 @@ def test_the_scale_a_decode_reports_is_the_one_it_used_even_for_tiny_images(back
             array, used = jpeg.decode(data, "RGB", eighths)
             assert array.shape[:2] == scaled_size(height, width, used), (height, width, eighths)
             assert used in jpeg.scales or used < eighths  # Pillow: an image under 8 px wide
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decompression_bombs_are_refused_as_pillow_refuses_them(backend, monkeypatch):
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # a 48x64 image is then a bomb
+    samples = [{"__key__": "big", "jpg": encoded("420", 48, 64)}]
+    for crop in (False, True):
+        pipe = dp.from_sequence(samples).decode(image_backend=backend)
+        if crop:
+            pipe = pipe.random_resized_crop(8)
+        with pytest.raises(BadRecordError, match="'big'.*DecompressionBombError"):
+            list(dp.Loader(pipe))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)  # over the limit, under twice it
+    with pytest.warns(Image.DecompressionBombWarning):
+        list(dp.Loader(dp.from_sequence(samples).decode(image_backend=backend)))
