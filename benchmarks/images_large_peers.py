@@ -293,12 +293,16 @@ def datapipes_recipe(paths: list[str], batch: int, threads: int = 0) -> dp.DataP
 
 
 def datapipes(
-    paths: list[str], workers: int, batch: int, stats: list[Any] | None = None
+    paths: list[str],
+    workers: int,
+    batch: int,
+    stats: list[Any] | None = None,
+    threads: int = 0,
 ) -> Iterator[Batch]:
-    """``workers`` DataLoader worker processes; ``stats`` (a list) gets the Loader's stats."""
-    loader = dp.Loader(
-        datapipes_recipe(paths, batch), seed=SEED, num_workers=workers, stats=stats is not None
-    )
+    """``workers`` DataLoader worker processes, decode + crop on ``threads`` threads in each
+    (``0``: in the step's own thread); ``stats`` (a list) gets the Loader's stats."""
+    recipe = datapipes_recipe(paths, batch, threads)
+    loader = dp.Loader(recipe, seed=SEED, num_workers=workers, stats=stats is not None)
 
     def run() -> Iterator[Batch]:
         for item in loader:
@@ -309,14 +313,11 @@ def datapipes(
     return run()
 
 
-def datapipes_threads(
-    paths: list[str], threads: int, batch: int, workers: int = 0
-) -> Iterator[Batch]:
-    """Decode + crop on ``threads`` threads (in each of ``workers`` worker processes)."""
-    loader = dp.Loader(datapipes_recipe(paths, batch, threads), seed=SEED, num_workers=workers)
-    return (as_batch(item) for item in loader)
+def datapipes_threads(paths: list[str], threads: int, batch: int) -> Iterator[Batch]:
+    """Decode + crop on ``threads`` threads in the main process."""
+    return datapipes(paths, 0, batch, threads=threads)
 
 
 def datapipes_workers_threads(paths: list[str], workers: int, batch: int) -> Iterator[Batch]:
     """``workers`` worker processes, each decoding + cropping on 2 threads."""
-    return datapipes_threads(paths, 2, batch, workers)
+    return datapipes(paths, workers, batch, threads=2)
