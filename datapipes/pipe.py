@@ -405,9 +405,10 @@ class DataPipe(Generic[T]):
         ``"pillow"`` or ``"simplejpeg"``; the pixels are Pillow's either way
         (files simplejpeg would decode differently, CMYK ones for example, go
         to Pillow). ``image_size=(h, w)`` (or an int for both) decodes JPEGs
-        at the smallest DCT scale (1/8, 2/8, 3/8, 4/8 of each side, or full)
-        that keeps them at least that big: faster when a later step resizes
-        anyway, and the pixels then differ from a full-size decode's.
+        at the smallest DCT scale (1/8, 2/8, 3/8 with simplejpeg, 4/8 of each
+        side, or full) that keeps them at least that big: faster when a later
+        step resizes anyway, and the pixels then differ from a full-size
+        decode's.
         A :meth:`random_resized_crop` right after ``decode()`` picks the scale
         per image from its crop box instead.
 
