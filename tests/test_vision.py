@@ -298,8 +298,9 @@ def test_fused_reduced_decodes_are_close_to_full_size_ones(shards):
     assert sum(d > 0 for d in diffs) >= 8  # most boxes of these images allow a reduced decode
 
 
-def test_same_pixels_across_world_sizes_and_after_an_elastic_resume(shards):
-    pipe = recipe(shards)
+@pytest.mark.parametrize("crop", [{}, {"num_threads": 2}])
+def test_same_pixels_across_world_sizes_and_after_an_elastic_resume(shards, crop):
+    pipe = recipe(shards, **crop)
     whole = by_key(dp.Loader(pipe, seed=2))
     old = [dp.Loader(pipe, seed=2, rank=r, world_size=2) for r in range(2)]
     taken: list[Any] = []
