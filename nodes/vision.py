@@ -40,7 +40,7 @@ from nodes.decode import (
     image_tensor,
 )
 from nodes.intra_op import one_thread
-from nodes.jpeg import is_jpeg
+from nodes.jpeg import PillowJpeg, SimpleJpeg, is_jpeg
 
 Box = tuple[int, int, int, int]  # top, left, height, width (full-resolution pixels)
 
@@ -285,14 +285,35 @@ class FusedDecodeCrop:
         return out
 
     def _decode_crop(self, images: ImageDecoder, data: Any, box: Box, flip: bool) -> torch.Tensor:
-        """A JPEG decoded at the smallest scale that keeps ``box`` at least ``size``."""
-        jpeg, size = images.jpeg(), self.params.size
-        top, left, h, w = box
-        eighths = box_scale(h, w, size, jpeg.scales)
-        array, eighths = jpeg.decode(data, images.mode, eighths)
-        if eighths == 8:
-            return crop_resize(image_tensor(array, "hwc").permute(2, 0, 1), box, size, flip)
-        return resize_scaled_box(array, box, eighths / 8, size, flip)
+        return decode_jpeg_crop(images.jpeg(), images.mode, data, box, self.params.size, flip)
+
+
+def decode_jpeg_crop(
+    jpeg: PillowJpeg | SimpleJpeg,
+    mode: str | None,
+    data: bytes | bytearray | memoryview,
+    box: Box,
+    size: int,
+    flip: bool,
+) -> torch.Tensor:
+    """One JPEG's ``box`` (full-resolution pixels) resized to ``size x size``, flipped:
+    decoded at the smallest DCT scale that keeps the box at least ``size`` pixels, as the
+    fused step does it (public so a benchmark can time exactly the library's work).
+
+    >>> import numpy as np, io
+    >>> from PIL import Image
+    >>> from nodes.jpeg import jpeg_backend
+    >>> out = io.BytesIO(); Image.fromarray(np.zeros((60, 80, 3), np.uint8)).save(out, "JPEG")
+    >>> box = (5, 10, 40, 50)  # top, left, height, width
+    >>> decode_jpeg_crop(jpeg_backend("auto"), "RGB", out.getvalue(), box, 16, True).shape
+    torch.Size([3, 16, 16])
+    """
+    top, left, h, w = box
+    eighths = box_scale(h, w, size, jpeg.scales)
+    array, eighths = jpeg.decode(data, mode, eighths)
+    if eighths == 8:
+        return crop_resize(image_tensor(array, "hwc").permute(2, 0, 1), box, size, flip)
+    return resize_scaled_box(array, box, eighths / 8, size, flip)
 
 
 def box_scale(height: int, width: int, size: int, scales: Sequence[int]) -> int:
