@@ -285,17 +285,21 @@ def test_threads_fusion_and_backend_change_how_not_what(shards):
     assert all(run == runs[0] for run in runs[1:])
 
 
-def test_fused_reduced_decodes_are_close_to_full_size_ones(shards):
-    fused = pixels(dp.Loader(recipe(shards), seed=5))
-    unfused = pixels(dp.Loader(recipe(shards, fused=False), seed=5))
-    other_boxes = pixels(dp.Loader(recipe(shards, fused=False), seed=6))
+def test_fused_reduced_decodes_are_close_to_full_size_ones():
+    # In memory (origins are positions, not file paths): the same boxes every run.
+    pipe = dp.from_sequence([jpeg_sample(i) for i in range(24)]).decode()
+    fused = pixels(dp.Loader(pipe.random_resized_crop(REDUCED), seed=5))
+    unfused = pixels(dp.Loader(pipe.random_resized_crop(REDUCED, fused=False), seed=5))
+    other_boxes = pixels(dp.Loader(pipe.random_resized_crop(REDUCED, fused=False), seed=6))
     diffs, unrelated = [], []
     for key, image in fused.items():
         diffs.append((image.float() - unfused[key].float()).abs().mean().item())
         unrelated.append((image.float() - other_boxes[key].float()).abs().mean().item())
-    assert max(diffs) < 6.0 and np.mean(diffs) < 4.0, diffs  # of 255: same boxes, smaller source
+    # of 255: the same boxes from a lower-resolution source (measured: mean 2.5-2.9, max up
+    # to ~6 for the smallest boxes at 1/8 over many box draws)
+    assert np.mean(diffs) < 3.5 and max(diffs) < 8.0, diffs
     assert np.mean(diffs) < np.mean(unrelated) / 5, (diffs, unrelated)
-    assert sum(d > 0 for d in diffs) >= 8  # most boxes of these images allow a reduced decode
+    assert sum(d > 0 for d in diffs) >= 12  # most boxes of these images allow a reduced decode
 
 
 @pytest.mark.parametrize("crop", [{}, {"num_threads": 2}])
