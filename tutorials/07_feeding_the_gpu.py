@@ -285,3 +285,8 @@ for workers in (0, 2):
     same = dp.Loader(photos(), seed=0, num_workers=workers)
     assert all(torch.equal(a, b) for a, b in zip(head + tail, [x for x, _ in same]))
     print(f"num_workers={workers}: resumed after 1 batch, the same pixels")
+
+# %%
+import shutil  # noqa: E402
+
+shutil.rmtree(folder)  # the generated shards
