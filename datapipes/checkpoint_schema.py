@@ -50,11 +50,10 @@ def check_envelope(state: dict[str, Any]) -> None:
     workers = expect_int(topology, "num_workers", "topology", 0)
     expect_bool(topology, "even_batches", "topology")
     if "items_per_transfer" in topology:  # recorded when not 1, and only with workers
-        expect_int(topology, "items_per_transfer", "topology", 2 if workers else 1, None)
         if not workers:
-            raise InvalidStateError(
-                "topology.items_per_transfer", "no entry (there are no workers)", topology
-            )
+            where, value = "topology.items_per_transfer", topology["items_per_transfer"]
+            raise InvalidStateError(where, "no entry (there are no workers)", value)
+        expect_int(topology, "items_per_transfer", "topology", 2)
     ranks = state["ranks"]
     idle = state.get("idle", [])
     if not isinstance(ranks, dict) or (not ranks and not idle):

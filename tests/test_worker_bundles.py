@@ -219,6 +219,22 @@ def test_the_next_epoch_and_persistent_workers_keep_the_bundled_order() -> None:
     kept.close()
 
 
+@pytest.mark.slow
+def test_even_batches_over_two_ranks_resume_mid_bundle_exactly() -> None:
+    pipe = tagged_pipe(47, 2)
+    options = {"world_size": 2, "even_batches": True, "num_workers": 2, "items_per_transfer": 3}
+    wholes = [run(dp.Loader(pipe, seed=SEED, rank=r, **options)) for r in (0, 1)]
+    assert len(wholes[0]) == len(wholes[1])
+    for rank in (0, 1):
+        loader = dp.Loader(pipe, seed=SEED, rank=rank, **options)
+        assert run(loader, 4) == wholes[rank][:4]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        resumed = dp.Loader(pipe, seed=SEED, rank=rank, **options)
+        resumed.load_state_dict(state)
+        assert run(resumed) == wholes[rank][4:]
+
+
 def _items(batches: list[Any]) -> list[int]:
     return sorted(x for _, batch in batches for x in batch)
 
