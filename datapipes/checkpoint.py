@@ -82,13 +82,23 @@ _WHY_REFUSED = {
 # ----- writing ----------------------------------------------------------------------------
 
 
-def topology_record(world_size: int, num_workers: int, even_batches: bool) -> dict[str, Any]:
+def topology_record(
+    world_size: int, num_workers: int, even_batches: bool, items_per_transfer: int = 1
+) -> dict[str, Any]:
     """The ``"topology"`` of a Loader state: what every rank must share to resume it.
+
+    ``items_per_transfer`` (items a DataLoader worker sends at once) is recorded
+    only when it is not 1, so states made without it stay as they were.
 
     >>> topology_record(2, 4, True)
     {'world_size': 2, 'num_workers': 4, 'even_batches': True}
+    >>> topology_record(1, 2, False, 8)["items_per_transfer"]
+    8
     """
-    return {"world_size": world_size, "num_workers": num_workers, "even_batches": even_batches}
+    record = {"world_size": world_size, "num_workers": num_workers, "even_batches": even_batches}
+    if items_per_transfer != 1:
+        record["items_per_transfer"] = items_per_transfer
+    return record
 
 
 def make_state(
@@ -523,12 +533,15 @@ def saved_setup(state: dict[str, Any]) -> dict[str, Any]:
     {'seed': 3, 'world_size': 2, 'num_workers': 1, 'even_batches': False}
     """
     topology = state.get("topology") or {}
-    return {
+    setup = {
         "seed": int(state.get("seed", 0)),
         "world_size": int(topology.get("world_size", 1)),
         "num_workers": int(topology.get("num_workers", 0)),
         "even_batches": bool(topology.get("even_batches", False)),
     }
+    if topology.get("items_per_transfer", 1) != 1:  # recorded only when not 1
+        setup["items_per_transfer"] = int(topology["items_per_transfer"])
+    return setup
 
 
 def node_type(name: Any) -> type[Node[Any]]:

@@ -45,10 +45,15 @@ def check_envelope(state: dict[str, Any]) -> None:
     if not is_int(state["seed"]):
         raise InvalidStateError("seed", "an int (the Loader's seed)", state["seed"])
     topology = state["topology"]
-    expect_keys(topology, "topology", _TOPOLOGY)
+    expect_keys(topology, "topology", _TOPOLOGY, optional={"items_per_transfer"})
     world_size = expect_int(topology, "world_size", "topology", 1)
-    expect_int(topology, "num_workers", "topology", 0)
+    workers = expect_int(topology, "num_workers", "topology", 0)
     expect_bool(topology, "even_batches", "topology")
+    if "items_per_transfer" in topology:  # recorded when not 1, and only with workers
+        if not workers:
+            where, value = "topology.items_per_transfer", topology["items_per_transfer"]
+            raise InvalidStateError(where, "no entry (there are no workers)", value)
+        expect_int(topology, "items_per_transfer", "topology", 2)
     ranks = state["ranks"]
     idle = state.get("idle", [])
     if not isinstance(ranks, dict) or (not ranks and not idle):

@@ -297,7 +297,15 @@ def _rank_work(
                 replay.finished(rank * workers + worker)
         return []
     states = _worker_positions(
-        worker_part, setup, rank, epoch, loader_state, plans, listings, drops, replay
+        worker_part,
+        setup,
+        rank,
+        epoch,
+        (loader_state, _bundle_taken(node)),
+        plans,
+        listings,
+        drops,
+        replay,
     )
     works = []
     for worker, position in enumerate(states):
@@ -338,12 +346,21 @@ def _workers_state(node: Any) -> dict[str, Any] | None:
     return node.get("dataloader") or {}
 
 
+def _bundle_taken(node: Any) -> int:
+    """Items of the current bundle the workers' node had returned (``items_per_transfer``
+    > 1, see nodes.WorkerStreamNode), after the DataLoader position of its state."""
+    while isinstance(node, dict) and "dataloader" not in node and "ended" not in node:
+        node = node.get(UPSTREAM)
+    taken = node.get("taken", 0) if isinstance(node, dict) else 0
+    return taken if isinstance(taken, int) and not isinstance(taken, bool) else 0
+
+
 def _worker_positions(
     worker_part: DataPipe[Any],
     setup: dict[str, Any],
     rank: int,
     epoch: int,
-    loader_state: dict[str, Any],
+    position: tuple[dict[str, Any], int],
     plans: Any,
     listings: Any,
     drops: dict[str, int] | None = None,
@@ -351,11 +368,16 @@ def _worker_positions(
 ) -> list[Any]:
     """Each worker's node state after the last item the main process returned from it.
 
+    ``position``: the DataLoader's state and the items taken of the bundle after it.
     The DataLoader's state is every worker's state at the last snapshot and how
-    many items were returned since, from the workers in turn; those items are
-    replayed here, each worker's graph built as that worker built it.
+    many transfers were returned since, from the workers in turn; each transfer is
+    one item, or up to ``items_per_transfer`` (a worker at the end of its share
+    sends fewer, then none). Those transfers are replayed here, each worker's graph
+    built as that worker built it, then the items taken of the next one.
     """
     workers = setup["num_workers"]
+    per_transfer = setup.get("items_per_transfer", 1)
+    loader_state, taken = position
     if not loader_state:
         return [None] * workers
     snapshots = dict(torchdata.worker_dataset_states(loader_state))
@@ -374,13 +396,36 @@ def _worker_positions(
             root.reset(saved.get("node"))
             ended.append(bool(saved) and torchdata.fetcher_ended(loader_state, worker))
         turn = 0 if summary["last_worker"] is None else (summary["last_worker"] + 1) % workers
-        for _ in range(summary["steps_since"]):
+        # A worker that sent a short bundle has no item left: it sends none next.
+        exhausted = [False] * workers
+
+        def transfer(worker: int, limit: int) -> int:
+            count = 0
+            while count < limit and not exhausted[worker]:
+                if next(iter(roots[worker]), _END) is _END:
+                    exhausted[worker] = True
+                    break
+                count += 1
+            return count
+
+        if not 0 <= taken < per_transfer:
+            where = f"{checkpoint.node_path(rank)}.taken"
+            raise InvalidStateError(where, f"an int in [0, {per_transfer - 1}]", taken)
+        limits = [per_transfer] * summary["steps_since"] + ([taken] if taken else [])
+        for index, limit in enumerate(limits):
+            count = 0
             for _ in range(workers):
                 worker, turn = turn, (turn + 1) % workers
                 if not ended[worker]:
-                    if next(iter(roots[worker]), _END) is not _END:
+                    count = transfer(worker, limit)
+                    if count:
                         break
                     ended[worker] = True
+            if taken and index == len(limits) - 1 and count < taken:
+                # The bundle the state says was begun holds fewer items than were taken.
+                where = f"{checkpoint.node_path(rank)}.taken"
+                raise InvalidStateError(where, f"at most {count} (the items left)", taken)
+        ended = [e or x for e, x in zip(ended, exhausted, strict=True)]
         if drops is not None:  # what the workers that ended their share dropped at its end
             for worker in range(workers):
                 if ended[worker]:

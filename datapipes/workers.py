@@ -31,7 +31,9 @@ class InWorkers(DataPipe[Any]):
         object.__setattr__(self, "_options", options)
 
     def stats_label(self) -> str:
-        return f"DataLoader workers ({self.args[1]} processes)"
+        per = self._dataset.items_per_transfer  # type: ignore[attr-defined]
+        sent = f", {per} items per transfer" if per > 1 else ""
+        return f"DataLoader workers ({self.args[1]} processes{sent})"
 
     def _build(self, ctx: Context) -> Node[Any]:
         # The workers read the Loader's listings (inherited or pickled), never list again.
@@ -40,6 +42,7 @@ class InWorkers(DataPipe[Any]):
             self._dataset,  # type: ignore[attr-defined]
             self.args[1],
             lambda: ctx.epoch,
+            items_per_transfer=self._dataset.items_per_transfer,  # type: ignore[attr-defined]
             **self._options,  # type: ignore[attr-defined]
         )
 
@@ -52,6 +55,7 @@ def runtime_recipe(
     options: dict[str, Any],
     *,
     stats: bool = False,
+    items_per_transfer: int = 1,
 ) -> DataPipe[Any]:
     """The recipe a Loader builds: ``pipe`` itself without workers, else ``pipe`` with
     everything before its main-process steps moved into worker processes.
@@ -75,6 +79,7 @@ def runtime_recipe(
         return pipe
     check_picklable(worker_part, options.get("multiprocessing_context"))
     dataset = TorchDataset(worker_part, topology, seed, stats=stats, inline_tensors=True)
+    dataset.items_per_transfer = items_per_transfer
     return rebuild_on(InWorkers(dataset, num_workers, options), main_steps)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from nodes import torchdata_adapter as torchdata
 from nodes.errors import MISSING, InvalidStateError
-from nodes.state_checks import at, expect_bool, expect_keys
+from nodes.state_checks import at, expect_bool, expect_int, expect_keys
 
 
 def validate_workers_state(
@@ -23,18 +23,24 @@ def validate_workers_state(
     *,
     snapshot_every: int,
     max_replay: int = 0,
+    items_per_transfer: int = 1,
 ) -> None:
     """Refuse a :class:`nodes.WorkerStreamNode` state its workers could not resume exactly.
 
     ``dataset`` (a :class:`datapipes.TorchDataset`) checks each worker's part;
     ``max_replay``: the most items a state may replay after its snapshot, when more
-    than the snapshot interval allows (a state rebuilt after a worker died).
+    than the snapshot interval allows (a state rebuilt after a worker died);
+    ``items_per_transfer`` > 1: the state also says how many items of the bundle
+    after its DataLoader position were taken (fewer than a bundle holds).
     """
-    expect_keys(state, path, {"ended"}, optional={"dataloader"})
+    bundled = {"taken"} if items_per_transfer > 1 else set()
+    expect_keys(state, path, {"ended"}, optional={"dataloader", *bundled})
     if expect_bool(state, "ended", path):
         expect_keys(state, path, {"ended"})  # an ended epoch holds nothing more
         return
-    expect_keys(state, path, {"ended", "dataloader"})
+    expect_keys(state, path, {"ended", "dataloader", *bundled})
+    if bundled:
+        expect_int(state, "taken", path, 0, items_per_transfer - 1)
     where = at(path, "dataloader")
     checked = torchdata.check_dataloader_state(
         state["dataloader"], num_workers, snapshot_every, where, max_replay=max_replay

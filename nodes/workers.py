@@ -10,8 +10,10 @@ from typing import Any, NoReturn
 
 from nodes import torchdata_adapter as torchdata
 from nodes.base import Node, NotReset, State
+from nodes.errors import InvalidStateError
 from nodes.parent_watch import WatchMainProcess
 from nodes.rng import stable_hash
+from nodes.worker_bundles import FailedInBundle
 
 #: The main process snapshots the workers' states every ``SNAPSHOT_EVERY``
 #: items (torchdata's ``snapshot_every_n_steps``); workers send their states
@@ -110,6 +112,14 @@ class WorkerStreamNode(Node):
     after the last item *returned* here (items the workers had computed ahead
     are computed again). Errors in a worker are raised here with the worker's
     traceback; a worker that dies ends the epoch with an error naming it.
+
+    ``items_per_transfer=K > 1``: the dataset sends lists of up to ``K`` items
+    (see :mod:`nodes.worker_bundles`), dealt out here one by one, so the
+    DataLoader's steps count bundles and the order is runs of ``K`` items per
+    worker in turn. The state adds ``"taken"``: items of the current bundle
+    already returned, with the DataLoader's state as of *before* that bundle
+    (a resume computes the bundle again and skips them); ``0`` with the state
+    after the last bundle when it was used up.
     """
 
     kind = "workers"
@@ -122,11 +132,20 @@ class WorkerStreamNode(Node):
         dataset: Any,
         num_workers: int,
         epoch: Callable[[], int],
+        *,
+        items_per_transfer: int = 1,
         **options: Any,
     ) -> None:
         super().__init__()
         if num_workers < 1:
             raise ValueError(f"WorkerStreamNode needs num_workers >= 1, got {num_workers}")
+        self._per_transfer = items_per_transfer
+        # With bundles: the current one, how many of its items were returned, the
+        # DataLoader's state before it, and items to skip in the first one after a resume.
+        self._bundle: list[Any] | None = None
+        self._taken = 0
+        self._before: Any = None
+        self._skip = 0
         self._dataset = dataset
         self._num_workers = num_workers
         self._epoch = epoch
@@ -181,11 +200,60 @@ class WorkerStreamNode(Node):
         self._exits_seen = torchdata.child_exits
         self._last_good = None
         self._returned = 0
+        self._bundle, self._taken, self._before, self._skip = None, 0, None, 0
+        if state is not None and not self._ended and state.get("taken"):
+            self._before, self._skip = state["dataloader"], state["taken"]
         if state is not None and not self._ended:
             summary = torchdata.snapshot_summary(state["dataloader"])
             self._returned = summary["snapshot_step"] + summary["steps_since"]
 
     def __next__(self) -> Any:
+        if self._per_transfer > 1:
+            return self._next_of_bundle()
+        return self._next_transfer()
+
+    def _next_of_bundle(self) -> Any:
+        """The next item of the current bundle, or of the next one the workers send."""
+        if self._bundle is None or self._taken >= len(self._bundle):
+            self._bundle = None
+            if self._skip:  # resumed inside a bundle: it is computed again, its head skipped
+                before, taken = self._before, self._skip
+            else:
+                before = None if self._ended else self._loader.state_dict()
+                taken = 0
+            try:
+                bundle = self._next_transfer()
+            except StopIteration:
+                if self._skip:
+                    raise self._past_the_data() from None
+                raise
+            self._skip = 0
+            if taken >= len(bundle):
+                raise self._past_the_data(len(bundle))
+            self._bundle, self._before, self._taken = bundle, before, taken
+        item = self._bundle[self._taken]
+        if isinstance(item, FailedInBundle):  # the worker raised after the items before it
+            position = self._position()  # a resume computes the bundle again: raised again
+            self._bundle = None
+            self._stop_workers()
+            self._closed_state = position
+            raise item.error
+        self._taken += 1
+        return item
+
+    def _past_the_data(self, size: int = 0) -> InvalidStateError:
+        taken, self._skip = self._skip, 0
+        self._closed_state = {"ended": False, "dataloader": self._before, "taken": taken}
+        self._stop_workers()
+        return InvalidStateError(
+            "taken",
+            f"fewer items than the resumed bundle holds ({size})",
+            taken,
+            note="the workers sent fewer items after the saved position than it says were "
+            "taken; the state does not belong to this recipe and data",
+        )
+
+    def _next_transfer(self) -> Any:
         if self._exits_seen != torchdata.child_exits or self._died_idle:
             self._check_workers()  # a child process ended since the last look: ours?
         if not self._returned % SNAPSHOT_EVERY and not self._ended:
@@ -239,11 +307,24 @@ class WorkerStreamNode(Node):
         """
         if self._ended or self._loader is None:
             return self.state_dict()
+        inside = self._inside_bundle()
+        if inside is not None:
+            return inside
+        taken = {"taken": 0} if self._per_transfer > 1 else {}
         for state in (self._loader.state_dict(), self._last_good):
             at = torchdata.at_step(state, self._returned)
             if at is not None:
-                return {"ended": False, "dataloader": _without_stats(at)}
+                return {"ended": False, "dataloader": _without_stats(at), **taken}
         return self.state_dict()
+
+    def _inside_bundle(self) -> State | None:
+        """The state in the middle of a bundle: the DataLoader's before it, items taken."""
+        if self._skip:
+            return {"ended": False, "dataloader": self._before, "taken": self._skip}
+        if self._bundle is not None and self._taken < len(self._bundle):
+            before = _without_stats(self._before)
+            return {"ended": False, "dataloader": before, "taken": self._taken}
+        return None
 
     def _end_epoch(self) -> None:
         self._ended = True
@@ -270,7 +351,10 @@ class WorkerStreamNode(Node):
             return dict(self._closed_state)
         if self._ended or self._loader is None:
             return {"ended": self._ended}
-        return {"ended": False, "dataloader": _without_stats(self._loader.state_dict())}
+        state = {"ended": False, "dataloader": _without_stats(self._loader.state_dict())}
+        if self._per_transfer > 1:
+            return self._inside_bundle() or {**state, "taken": 0}
+        return state
 
     @property
     def dataset(self) -> Any:
@@ -281,6 +365,11 @@ class WorkerStreamNode(Node):
     def num_workers(self) -> int:
         """How many worker processes run it."""
         return self._num_workers
+
+    @property
+    def items_per_transfer(self) -> int:
+        """How many items a worker sends per DataLoader transfer (1: one at a time)."""
+        return self._per_transfer
 
     def worker_states(self) -> list[Any]:
         """The latest dataset state each worker sent (``None`` for a worker that sent none).
@@ -315,6 +404,7 @@ class WorkerStreamNode(Node):
             path,
             snapshot_every=every,
             max_replay=SNAPSHOT_EVERY - 1,  # a state rebuilt from the last good one (_position)
+            items_per_transfer=self._per_transfer,
         )
 
     def close(self) -> None:

@@ -1,0 +1,362 @@
+"""Loader(..., items_per_transfer=K): workers send K items per DataLoader transfer.
+
+The reference order is computed, not written down: each worker's own sequence
+(items tagged with the worker that made them, from a run with one item per
+transfer) dealt in runs of K, workers in turn, skipping those that ran out.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import datapipes as dp
+from datapipes.checkpoint_schema import check_envelope, node_digest
+from nodes.errors import InvalidStateError
+from nodes.worker_bundles import FailedInBundle, bundles
+from nodes.worker_errors import carry
+from tests.helpers import file_store
+from tests.test_distributed import child_env
+
+SEED = 5
+
+
+class Boom(Exception):
+    """An exception whose constructor takes two arguments (torch could not rebuild it)."""
+
+    def __init__(self, where: int, why: str) -> None:
+        super().__init__(where, why)
+        self.where = where
+
+
+def tag(x: Any) -> tuple[int, Any]:
+    """The item with the id of the DataLoader worker that made it."""
+    info = torch.utils.data.get_worker_info()
+    return (-1 if info is None else info.id, x)
+
+
+def fail_at_7(x: int) -> int:
+    if x == 7:
+        raise Boom(x, "seven")
+    return x
+
+
+def plain(value: Any) -> Any:
+    """Batches (tensors) as lists, tuples as lists: comparable and hashable via json."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def tagged_pipe(n: int = 53, batch: int = 3) -> dp.DataPipe[Any]:
+    # Uneven shares (53 over 2 or 3 workers), a shuffle buffer, a dropped short batch.
+    return dp.range(n).shuffle(buffer_size=7).batch(batch, drop_last=True).map(tag)
+
+
+def runs_of(per_worker: dict[int, list[Any]], workers: int, k: int) -> list[Any]:
+    """The order K-item transfers give: runs of ``k`` per worker in turn, skipping ended."""
+    queues = {w: list(per_worker.get(w, [])) for w in range(workers)}
+    order: list[Any] = []
+    while any(queues.values()):
+        for w in range(workers):
+            order.extend(queues[w][:k])
+            queues[w] = queues[w][k:]
+    return order
+
+
+def per_worker(items: list[Any]) -> dict[int, list[Any]]:
+    found: dict[int, list[Any]] = {}
+    for worker, value in items:
+        found.setdefault(worker, []).append((worker, value))
+    return found
+
+
+def run(loader: dp.Loader, limit: int | None = None) -> list[Any]:
+    out = []
+    for item in loader:
+        out.append(plain(item))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+# ----- without processes ----------------------------------------------------------------------
+
+
+def test_bundles_group_items_and_keep_the_short_last_one() -> None:
+    assert list(bundles(iter(range(7)), 3, 0)) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert list(bundles(iter(range(6)), 3, 0)) == [[0, 1, 2], [3, 4, 5]]
+    assert list(bundles(iter([]), 3, 0)) == []
+
+
+def test_an_error_mid_bundle_follows_the_items_before_it_and_pickles_as_itself() -> None:
+    got = list(bundles(map(fail_at_7, range(10)), 4, 1))
+    assert [b[:-1] if isinstance(b[-1], FailedInBundle) else b for b in got] == [
+        [0, 1, 2, 3],
+        [4, 5, 6],
+    ]
+    mark = got[-1][-1]
+    assert isinstance(mark, FailedInBundle)
+    # What the main process gets: the worker's exception itself, traceback in its cause.
+    again = pickle.loads(pickle.dumps(mark))
+    assert isinstance(again.error, Boom) and again.error.where == 7
+    assert "DataLoader worker process 1" in str(again.error.__cause__)
+    # An error before any item of a bundle is raised as it is (the one-item path).
+    with pytest.raises(Boom):
+        list(bundles(map(fail_at_7, range(10)), 7, 0))
+
+
+def test_carried_errors_still_rebuild_as_themselves() -> None:
+    rebuilt = pickle.loads(pickle.dumps(carry(Boom(3, "x"), 2)))
+    assert isinstance(rebuilt, Boom) and rebuilt.args == (3, "x")
+
+
+def test_bad_values_are_refused_saying_what_to_pass() -> None:
+    pipe = dp.range(4)
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="items_per_transfer must be an int >= 1"):
+            dp.Loader(pipe, num_workers=2, items_per_transfer=bad)
+    for bad in (2.0, "4", True, None):
+        with pytest.raises(TypeError, match="items_per_transfer must be an int >= 1"):
+            dp.Loader(pipe, num_workers=2, items_per_transfer=bad)
+    with pytest.raises(ValueError, match="set num_workers > 0"):
+        dp.Loader(pipe, items_per_transfer=4)
+    with pytest.raises(ValueError, match="dispatch_lease_seconds"):
+        dp.Loader(
+            pipe,
+            rank=0,
+            world_size=2,
+            num_workers=1,
+            even_batches=False,
+            dispatch="dynamic",
+            store=file_store(),
+            dispatch_lease_seconds=5,
+            items_per_transfer=2,
+        )
+    dp.Loader(pipe, items_per_transfer=1)  # the default, also without workers
+
+
+def test_the_topology_records_k_only_when_it_is_not_one() -> None:
+    one = dp.Loader(dp.range(4), num_workers=2).state_dict()
+    assert "items_per_transfer" not in one["topology"]
+    four = dp.Loader(dp.range(4), num_workers=2, items_per_transfer=4).state_dict()
+    assert four["topology"]["items_per_transfer"] == 4
+    check_envelope(four)
+    for bad, workers in ((1, 2), (0, 2), ("4", 2), (4, 0)):
+        state = json.loads(json.dumps(four))
+        state["topology"].update(items_per_transfer=bad, num_workers=workers)
+        with pytest.raises(InvalidStateError, match="items_per_transfer"):
+            check_envelope(state)
+
+
+# ----- with worker processes ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_k_1_is_todays_path_item_for_item_and_state_for_state() -> None:
+    pipe = tagged_pipe()
+    a = dp.Loader(pipe, seed=SEED, num_workers=2)
+    b = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=1)
+    assert run(a, 5) == run(b, 5)
+    assert json.dumps(a.state_dict()) == json.dumps(b.state_dict())
+    a.close()
+    b.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_order_is_runs_of_k_per_worker_and_every_item_once(workers: int) -> None:
+    pipe = tagged_pipe()
+    one = run(dp.Loader(pipe, seed=SEED, num_workers=workers))
+    shares = per_worker([tuple(x) for x in one])
+    assert sorted(shares) == list(range(workers))
+    for k in (2, 5):
+        got = run(dp.Loader(pipe, seed=SEED, num_workers=workers, items_per_transfer=k))
+        assert [tuple(x) for x in got] == runs_of(shares, workers, k), k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("k", [2, 5])
+def test_resume_mid_bundle_on_the_same_topology_is_exact(workers: int, k: int) -> None:
+    pipe = tagged_pipe()
+    options = {"num_workers": workers, "items_per_transfer": k, "snapshot_every_n_steps": 2}
+    reference = dp.Loader(pipe, seed=SEED, **options)
+    whole = run(reference)
+    dropped = reference.dropped()
+    assert sum(dropped.values()) == 53 - 3 * len(whole) > 0
+    # Offsets 0..k inside a bundle, across the first snapshot, and after a worker ended.
+    for stop in sorted({1, k - 1, k, k + 1, 2 * k + 1, len(whole) - 2}):
+        loader = dp.Loader(pipe, seed=SEED, **options)
+        assert run(loader, stop) == whole[:stop]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        assert state["ranks"]["0"]["node"] is not None
+        resumed = dp.Loader(pipe, seed=SEED, **options)
+        resumed.load_state_dict(state)
+        assert run(resumed) == whole[stop:], (stop, k, workers)
+        assert resumed.dropped() == dropped, (stop, k, workers)
+
+
+@pytest.mark.slow
+def test_the_next_epoch_and_persistent_workers_keep_the_bundled_order() -> None:
+    pipe = tagged_pipe()
+    fresh = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=3)
+    kept = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=3, persistent_workers=True)
+    for _ in range(2):
+        assert run(fresh) == run(kept)
+    fresh.close()
+    kept.close()
+
+
+@pytest.mark.slow
+def test_even_batches_over_two_ranks_resume_mid_bundle_exactly() -> None:
+    pipe = tagged_pipe(47, 2)
+    options = {"world_size": 2, "even_batches": True, "num_workers": 2, "items_per_transfer": 3}
+    wholes = [run(dp.Loader(pipe, seed=SEED, rank=r, **options)) for r in (0, 1)]
+    assert len(wholes[0]) == len(wholes[1])
+    for rank in (0, 1):
+        loader = dp.Loader(pipe, seed=SEED, rank=rank, **options)
+        assert run(loader, 4) == wholes[rank][:4]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        resumed = dp.Loader(pipe, seed=SEED, rank=rank, **options)
+        resumed.load_state_dict(state)
+        assert run(resumed) == wholes[rank][4:]
+
+
+def _items(batches: list[Any]) -> list[int]:
+    return sorted(x for _, batch in batches for x in batch)
+
+
+@pytest.mark.slow
+def test_elastic_resume_from_a_bundled_state_delivers_each_item_once() -> None:
+    pipe = dp.range(61).shuffle(buffer_size=7).batch(2).map(tag)  # 31 batches, no drop
+    everything = list(range(61))
+    for stop in (3, 4, 9):  # mid-bundle and on a boundary
+        loader = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=3)
+        before = run(loader, stop)
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        assert json.loads(state["ranks"]["0"]["node"])["taken"] == stop % 3
+        for workers, k in ((3, 1), (1, 4), (0, 1), (2, 2)):
+            resumed = dp.Loader(pipe, seed=SEED, num_workers=workers, items_per_transfer=k)
+            resumed.load_state_dict(state)
+            after = run(resumed)
+            assert _items(before + after) == everything, (stop, workers, k)
+
+
+@pytest.mark.slow
+def test_a_plain_state_resumes_on_bundles_elsewhere_each_item_once() -> None:
+    pipe = dp.range(40).shuffle(buffer_size=5).batch(2).map(tag)
+    loader = dp.Loader(pipe, seed=SEED, num_workers=2)
+    before = run(loader, 5)
+    state = loader.state_dict()
+    loader.close()
+    resumed = dp.Loader(pipe, seed=SEED, num_workers=3, items_per_transfer=4)
+    resumed.load_state_dict(state)
+    assert _items(before + run(resumed)) == list(range(40))
+
+
+@pytest.mark.slow
+def test_dynamic_dispatch_with_bundles_is_exactly_once_across_a_resume() -> None:
+    pipe = dp.range(90).shuffle(buffer_size=5).batch(2).map(tag)
+    everything = list(range(90))
+    whole = dp.Loader(
+        pipe, seed=SEED, num_workers=2, items_per_transfer=3, dispatch="dynamic",
+        store=file_store(), dispatch_unit_items=8,
+    )  # fmt: skip
+    assert _items(run(whole)) == everything
+    whole.close()
+    for stop in (4, 7):
+        loader = dp.Loader(
+            pipe, seed=SEED, num_workers=2, items_per_transfer=3, dispatch="dynamic",
+            store=file_store(), dispatch_unit_items=8,
+        )  # fmt: skip
+        before = run(loader, stop)
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        for options in (
+            {"num_workers": 2, "items_per_transfer": 3, "dispatch": "dynamic"},
+            {"num_workers": 3, "items_per_transfer": 2, "dispatch": "dynamic"},
+            {"num_workers": 1},
+        ):
+            if options.get("dispatch"):
+                options = {**options, "store": file_store(), "dispatch_unit_items": 8}
+            resumed = dp.Loader(pipe, seed=SEED, **options)
+            resumed.load_state_dict(state)
+            assert _items(before + run(resumed)) == everything, (stop, options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_worker_error_mid_bundle_comes_after_the_items_before_it(k: int) -> None:
+    pipe = dp.range(12).map(fail_at_7)
+    loader = dp.Loader(pipe, num_workers=1, items_per_transfer=k)
+    got = []
+    with pytest.raises(Boom) as raised:
+        for item in loader:
+            got.append(item)
+    assert got == list(range(7)) and raised.value.where == 7
+    assert "DataLoader worker process 0" in str(raised.value.__cause__)
+    state = loader.state_dict()
+    loader.close()
+    # Resumed, the failing item is computed again and fails again: nothing skipped.
+    again = dp.Loader(pipe, num_workers=1, items_per_transfer=k)
+    again.load_state_dict(state)
+    with pytest.raises(Boom):
+        next(iter(again))
+    again.close()
+
+
+@pytest.mark.slow
+def test_hostile_bundle_positions_are_refused_naming_the_place() -> None:
+    pipe = tagged_pipe()
+    loader = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=3)
+    run(loader, 4)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    for bad in (3, -1, "1", None):
+        broken = json.loads(json.dumps(state))
+        node = json.loads(broken["ranks"]["0"]["node"])
+        text = json.dumps({**node, "taken": bad})  # as a hostile writer would, digest and all
+        broken["ranks"]["0"].update(node=text, digest=node_digest(text))
+        with pytest.raises(InvalidStateError, match="taken"):
+            dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=3).load_state_dict(broken)
+    # A bundled position in a state that says one item per transfer: an unknown key.
+    broken = json.loads(json.dumps(state))
+    del broken["topology"]["items_per_transfer"]
+    with pytest.raises(InvalidStateError, match="taken"):
+        dp.Loader(pipe, seed=SEED, num_workers=2).load_state_dict(broken)
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_every_k_and_counts_every_record(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "items_per_transfer.py"
+    args = ["--size-mb", "1", "--shards", "3", "--repeats", "1", "--k", "1,4"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args, "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),  # this checkout's datapipes
+    )
+    assert done.returncode == 0, done.stderr[-3000:]  # it checks each pass's record count
+    rows = re.findall(r"^\| ([^|]+) \| [\d,]+ \| ([\d.]+) \| ([\d.]+) \|", done.stdout, re.M)
+    assert [name for name, _, _ in rows] == [
+        "plain process (hand-written)",
+        "datapipes 0 workers",
+        "datapipes 2 workers, K=1",
+        "datapipes 2 workers, K=4",
+    ]
+    assert all((float(workers) > 0) == ("K=" in name) for name, _, workers in rows)
