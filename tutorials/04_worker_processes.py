@@ -332,6 +332,31 @@ assert results[0] == results[1] == results[2]  # same samples, whatever the work
 #   workers import a lot); **`prefetch_factor`** (default 2) is how many
 #   items each worker computes ahead. Both go to the DataLoader:
 #   `dp.Loader(pipe, num_workers=4, persistent_workers=True, prefetch_factor=4)`.
+# - **`items_per_transfer=K`** for small items: every item that crosses from a
+#   worker to the training process costs about half a millisecond of CPU in
+#   the DataLoader's protocol, whatever its size. With records or small
+#   batches, let each worker send K at once; the order becomes runs of K per
+#   worker (the same every run), and checkpoints stay exact mid-run.
+
+
+# %%
+def double(i: int) -> int:
+    return 2 * i
+
+
+small = dp.range(600).map(double)  # cheap, small items: the transfer is the cost
+plain = list(dp.Loader(small, num_workers=2))
+bundled = dp.Loader(small, num_workers=2, items_per_transfer=16)
+stream = list(bundled)
+assert sorted(stream) == sorted(plain)  # the same items, in runs of 16 per worker
+it = iter(bundled)
+head = [next(it) for _ in range(40)]  # stop in the middle of a run of 16
+state = bundled.state_dict()
+bundled.close()
+again = dp.Loader(small, num_workers=2, items_per_transfer=16)
+again.load_state_dict(state)
+assert head + list(again) == stream  # resumed mid-run: nothing lost or repeated
+print(f"items_per_transfer=16: runs of 16 per worker, {stream[:3]}..., resumed after 40 items")
 
 # %% [markdown]
 # ## Your own DataLoader: `as_torch_dataset()`
