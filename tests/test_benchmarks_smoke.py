@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # runs the benchmarks in a new Python process
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPARE = ROOT / "benchmarks" / "compare.py"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.append(str(ROOT / "benchmarks"))  # appended: shadows nothing the other tests import
 import images_large_bench  # noqa: E402  (the row names of images_large in quick mode)
 
 THROUGHPUT_ROWS = {
