@@ -56,9 +56,11 @@ def contenders(quick: bool) -> list[tuple[str, Callable[..., Iterator[Any]], int
     rows += [(f"SPDL thread pipeline ({t} threads)", peers.spdl_pipeline, t) for t in threads]
     rows += [(f"Grain ({t} threads)", peers.grain_threads, t) for t in threads]
     rows += [(f"Grain mp_prefetch ({w} workers)", peers.grain_processes, w) for w in (2,)]
-    rows += [(f"datapipes ({w} workers)", peers.datapipes, w) for w in (0, 2)]
+    ours = (0, 2) if quick else (0, 2, 3)
+    rows += [(f"datapipes ({w} workers)", peers.datapipes, w) for w in ours]
     if not peers.has_fast_path() or peers.thread_keyword():  # a way to decode on threads
-        rows += [(f"datapipes, threads ({t} threads)", peers.datapipes_threads, t) for t in (2,)]
+        counts = (2,) if quick else (2, 3)
+        rows += [(f"datapipes, threads ({t} threads)", peers.datapipes_threads, t) for t in counts]
     if peers.has_fast_path() and peers.thread_keyword():  # threads inside worker processes
         name = "datapipes, threads (2 workers x 2 threads)"
         rows.append((name, peers.datapipes_workers_threads, 2))

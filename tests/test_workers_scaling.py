@@ -34,7 +34,7 @@ def run(script: str, *args: str) -> str:
 def test_main_process_profile_splits_cpu_between_main_and_workers(tmp_path: Path) -> None:
     out = run(
         "main_process_profile.py",
-        *("--size-mb", "1", "--shards", "4", "--repeats", "1", "--bundle", "4"),
+        *("--size-mb", "1", "--shards", "4", "--repeats", "1", "--items-per-transfer", "4"),
         *("--workdir", str(tmp_path)),
     )
     rows = re.findall(r"^\| ([^|]+) \| ([\d,]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", out, re.M)
@@ -44,7 +44,7 @@ def test_main_process_profile_splits_cpu_between_main_and_workers(tmp_path: Path
         "datapipes 0 workers",
         "torch DataLoader 2 workers",
         "datapipes 2 workers",
-        "datapipes 2 workers, bundles of 4 (experiment)",
+        "datapipes 2 workers, items_per_transfer=4",
     ]
     for name, _rate, main, workers, total in rows:
         assert abs(float(main) + float(workers) - float(total)) < 0.02, name
