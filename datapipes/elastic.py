@@ -221,6 +221,79 @@ def remaining_work(
     return epoch, el.merge_work(works)
 
 
+def claimed_work(
+    pipe: DataPipe[Any],
+    state: dict[str, Any],
+    rank: int,
+    since: int = 0,
+    listings: Listings | None = None,
+) -> el.Work:
+    """What one rank of a dynamically dispatched epoch had not delivered, the other ranks
+    going on: its position in (checked) ``state`` ``since`` items on, and the units its
+    consumers claimed (its ``"dispatch"`` record) but had not reached. Unlike
+    :func:`remaining_work`, no unit that nobody claimed is in it: the ranks still hand
+    those out (see :mod:`datapipes.takeover`)."""
+    setup = checkpoint.saved_setup(state)
+    entry = state["ranks"][str(rank)]
+    epoch = entry["epoch"]
+    replay = _replay_dispatch(pipe, setup, {str(rank): entry}, epoch, listings)
+    if replay is None:
+        raise InvalidStateError(
+            f'ranks["{rank}"].dispatch',
+            "the rank's dispatch record of its epoch",
+            entry.get("dispatch"),
+        )
+    node = node_state(entry["node"], checkpoint.node_path(rank))
+    if since:
+        node = _advanced(pipe, setup, rank, epoch, node, since, replay, listings)
+    works = _rank_work(pipe, setup, rank, epoch, node, None, listings, None, replay)
+    works.append(replay.unreached(claimed_only=True))
+    return el.merge_work(works)
+
+
+def _advanced(
+    pipe: Any,
+    setup: dict[str, Any],
+    rank: int,
+    epoch: int,
+    node: Any,
+    since: int,
+    replay: Any,
+    listings: Any,
+) -> Any:
+    """``node`` (a rank's Loader graph state) after ``since`` more items were delivered."""
+    if setup["num_workers"]:  # the DataLoader replays them from its snapshot
+        return _with_more_steps(node, since, checkpoint.node_path(rank))
+    ctx = _context(setup, rank, 0, epoch, None, listings, replay)
+    root = pipe.build(ctx)
+    try:
+        if node is not None:
+            root.validate_state(node, checkpoint.node_path(rank))
+        root.reset(node)
+        items = iter(root)
+        for _ in range(since):
+            next(items)
+        return root.state_dict()
+    except StopIteration:
+        raise InvalidStateError(
+            checkpoint.node_path(rank), "a position within the data", "?",
+            note=f"the lease said {since} items were delivered after it; the data ran out",
+        ) from None  # fmt: skip
+    finally:
+        root.close()
+
+
+def _with_more_steps(node: Any, since: int, path: str) -> Any:
+    if not isinstance(node, dict):
+        raise InvalidStateError(path, "a DataLoader state to replay items after", node)
+    if "dataloader" in node:
+        loader = node["dataloader"]
+        summary = torchdata.snapshot_summary(loader)
+        moved = torchdata.at_step(loader, summary["snapshot_step"] + summary["steps_since"] + since)
+        return {**node, "dataloader": moved}
+    return {**node, UPSTREAM: _with_more_steps(node.get(UPSTREAM), since, path)}
+
+
 def _replay_dispatch(
     pipe: DataPipe[Any],
     setup: dict[str, Any],

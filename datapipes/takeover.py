@@ -29,11 +29,9 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from datapipes import checkpoint
-from datapipes.checkpoint_schema import node_state
-from nodes import UPSTREAM, Context
+from datapipes import checkpoint, elastic
+from nodes import Context
 from nodes import elastic as el
-from nodes import torchdata_adapter as torchdata
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.dispatch.dispatcher import claims_in, pointer_key, seal
 from nodes.dispatch.lease import DONE, TAKEN, Lease, LeaseLost, LeaseWatch, lease_key
@@ -81,11 +79,12 @@ def taken_work(
     Its claims are sealed first (no consumer of it claims after this), then read from
     the store: they include units claimed after ``state`` was published.
     """
-    from datapipes import elastic  # elastic imports the dispatch modules: import it late
-
     checkpoint.check_shape(state)
     setup = checkpoint.saved_setup(state)
-    entry = dict(state["ranks"][str(rank)])
+    entry = dict(state["ranks"].get(str(rank)) or {})
+    if not isinstance(entry.get("dispatch"), dict):  # a position, but not this rank's
+        where = f'ranks["{rank}"].dispatch'
+        raise InvalidStateError(where, "the rank's dispatch record", entry.get("dispatch"))
     record = dict(entry["dispatch"])
     per_rank = max(setup["num_workers"], 1)
     consumers = range(rank * per_rank, (rank + 1) * per_rank)
@@ -96,62 +95,7 @@ def taken_work(
             claims[str(consumer)][place] = claims_in(entries, consumer)
     record["claims"] = claims
     entry["dispatch"] = record
-    epoch = entry["epoch"]
-    ranks = {str(rank): entry}
-    path = checkpoint.node_path(rank)
-    node = node_state(entry["node"], path)
-    replay = elastic._replay_dispatch(pipe, setup, ranks, epoch, listings)
-    assert replay is not None
-    if since:
-        node = _advanced(pipe, setup, rank, epoch, node, since, replay, listings)
-    works = elastic._rank_work(pipe, setup, rank, epoch, node, None, listings, None, replay)
-    works.append(replay.unreached(claimed_only=True))
-    return el.merge_work(works)
-
-
-def _advanced(
-    pipe: Any,
-    setup: dict[str, Any],
-    rank: int,
-    epoch: int,
-    node: Any,
-    since: int,
-    replay: Any,
-    listings: Any,
-) -> Any:
-    """``node`` (a rank's Loader graph state) after ``since`` more items were delivered."""
-    from datapipes import elastic
-
-    if setup["num_workers"]:  # the DataLoader replays them from its snapshot
-        return _with_more_steps(node, since, checkpoint.node_path(rank))
-    ctx = elastic._context(setup, rank, 0, epoch, None, listings, replay)
-    root = pipe.build(ctx)
-    try:
-        if node is not None:
-            root.validate_state(node, checkpoint.node_path(rank))
-        root.reset(node)
-        items = iter(root)
-        for _ in range(since):
-            next(items)
-        return root.state_dict()
-    except StopIteration:
-        raise InvalidStateError(
-            checkpoint.node_path(rank), "a position within the data", "?",
-            note=f"the lease said {since} items were delivered after it; the data ran out",
-        ) from None  # fmt: skip
-    finally:
-        root.close()
-
-
-def _with_more_steps(node: Any, since: int, path: str) -> Any:
-    if not isinstance(node, dict):
-        raise InvalidStateError(path, "a DataLoader state to replay items after", node)
-    if "dataloader" in node:
-        loader = node["dataloader"]
-        summary = torchdata.snapshot_summary(loader)
-        moved = torchdata.at_step(loader, summary["snapshot_step"] + summary["steps_since"] + since)
-        return {**node, "dataloader": moved}
-    return {**node, UPSTREAM: _with_more_steps(node.get(UPSTREAM), since, path)}
+    return elastic.claimed_work(pipe, {**state, "ranks": {str(rank): entry}}, rank, since, listings)
 
 
 class Takeovers:

@@ -415,7 +415,8 @@ def test_stats_tell_the_wait_the_takeovers_and_the_fence() -> None:
     assert mine.as_dict()["leases"]["took_over"] == [1]
 
 
-def test_a_damaged_published_position_is_a_clear_error() -> None:
+@pytest.mark.parametrize("damage", ["not a state", "another rank's state"])
+def test_a_damaged_published_position_is_a_clear_error(damage: str) -> None:
     first, second = loaders(2)
     stalled = iter(second)
     for _ in range(80):  # past the first full state: it publishes one every 64 items
@@ -424,6 +425,9 @@ def test_a_damaged_published_position_is_a_clear_error() -> None:
     lease = second._takeovers.lease  # type: ignore[union-attr]
     number = lease._value["state"]  # type: ignore[union-attr]
     client = first._dispatch.client  # type: ignore[union-attr]
-    client.set(f"{lease.key}/state/{number}", '{"version": 5, "ranks": 3}')  # type: ignore[union-attr]
+    text = '{"version": 5, "ranks": 3}'
+    if damage == "another rank's state":  # a valid state, but it holds rank 0's position
+        text = json.dumps(first.state_dict())
+    client.set(f"{lease.key}/state/{number}", text)  # type: ignore[union-attr]
     with pytest.raises(dp.InvalidStateError):
         list(first)
