@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from datapipes import checkpoint, elastic
@@ -130,20 +130,13 @@ class Takeovers:
         lease = self.lease
         if lease is None or lease.key != lease_key(spec.key, self.loader.rank):
             self._report = self._new_report()  # a new epoch (not one continued after close())
-        if lease is None or lease.key != lease_key(spec.key, self.loader.rank) or lease.lost:
+            lease = None
+        if lease is None or lease.lost:
             lease = self.lease = Lease(self.client, spec.key, self.loader.rank, self.lease_seconds)
         try:
             start = self.loader.state_dict()
             lease.start(_text(start))
-            at_start = start["ranks"][str(self.loader.rank)]["node"] is None
-            for item in items:
-                if at_start or lease.due():
-                    state = self.loader.state_dict()
-                    lease.publish_state(_text(state))
-                    at_start = state["ranks"][str(self.loader.rank)]["node"] is None
-                else:
-                    lease.delivered()
-                yield item
+            yield from self._written_ahead(items, self.loader.state_dict, self._at_start(start))
             yield from self._after(spec)
         except LeaseLost as lost:
             self.fenced = self._report["fenced"] = True
@@ -156,6 +149,31 @@ class Takeovers:
         finally:
             lease.close()
             self.reading_phase = None
+
+    def _written_ahead(
+        self,
+        items: Iterable[Any],
+        state: Callable[[], dict[str, Any]],
+        at_start: bool,
+        *,
+        phase: int | None = None,
+    ) -> Iterator[Any]:
+        """``items``, each written ahead in the lease: ``since`` + 1, or a full ``state()``
+        every so often and while the last one published was an epoch's start (a taker
+        cannot replay items after a DataLoader that had not started)."""
+        lease = self.lease
+        assert lease is not None
+        for item in items:
+            if at_start or lease.due():
+                current = state()
+                lease.publish_state(_text(current), phase=phase)
+                at_start = self._at_start(current)
+            else:
+                lease.delivered()
+            yield item
+
+    def _at_start(self, state: dict[str, Any]) -> bool:
+        return state["ranks"][str(self.loader.rank)]["node"] is None
 
     # ----- at the end: wait for the others, take over the stalled ------------------------------
     def _after(self, spec: DispatchSpec) -> Iterator[Any]:
@@ -262,20 +280,16 @@ class Takeovers:
             state_of = self._phase_state(phase, root)
             # Active at the phase's start before the reset claims its first unit: a taker
             # of this rank then replays every unit it claimed in the phase.
-            lease.publish_state(state_of(start=True), phase=taken)
+            lease.publish_state(_text(state_of(start=True)), phase=taken)
             root.reset(None)
-            for item in root:
-                if lease.due():
-                    lease.publish_state(state_of(), phase=taken)
-                else:
-                    lease.delivered()
+            for item in self._written_ahead(root, state_of, True, phase=taken):
                 self._report["items_taken_over"] += 1
                 yield item
         finally:
             self.reading_phase = None
             root.close()
 
-    def _phase_state(self, phase: DispatchSpec, root: Any) -> Any:
+    def _phase_state(self, phase: DispatchSpec, root: Any) -> Callable[..., dict[str, Any]]:
         """The phase's position as a one-consumer-per-rank Loader state (what a taker of
         this rank converts)."""
         loader = self.loader
@@ -288,21 +302,19 @@ class Takeovers:
             "claims": {str(loader.rank): {place: [] for place in phase.work}},
         }
 
-        def state_text(start: bool = False) -> str:
-            return _text(
-                checkpoint.make_state(
-                    fingerprint=loader._fingerprint,
-                    steps=loader._steps,
-                    seed=loader.seed,
-                    topology=checkpoint.topology_record(loader.world_size, 0, False),
-                    rank=loader.rank,
-                    epoch=phase.epoch,
-                    node=None if start else root.state_dict(),
-                    dispatch=record,
-                )
+        def state(start: bool = False) -> dict[str, Any]:
+            return checkpoint.make_state(
+                fingerprint=loader._fingerprint,
+                steps=loader._steps,
+                seed=loader.seed,
+                topology=checkpoint.topology_record(loader.world_size, 0, False),
+                rank=loader.rank,
+                epoch=phase.epoch,
+                node=None if start else root.state_dict(),
+                dispatch=record,
             )
 
-        return state_text
+        return state
 
     def check_checkpoint(self) -> None:
         """Refuse a checkpoint while this rank reads a taken-over rank's units."""
