@@ -431,3 +431,44 @@ def test_a_damaged_published_position_is_a_clear_error(damage: str) -> None:
     client.set(f"{lease.key}/state/{number}", text)  # type: ignore[union-attr]
     with pytest.raises(dp.InvalidStateError):
         list(first)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["killed", "stalled"])
+def test_a_store_that_goes_away_while_a_rank_waits_is_a_clear_error(how: str) -> None:
+    # Rank 0 has read its share and waits for rank 1's lease (never taken: rank 1 does not
+    # start); the store's host dies or freezes meanwhile: an error within the store's
+    # timeout, not a wait for the lease time (60 s) or forever.
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from test_dispatch_distributed import STORE_HOST
+
+    from nodes.dispatch import DispatchStoreError
+
+    host = subprocess.Popen(
+        [sys.executable, "-c", STORE_HOST], stdout=subprocess.PIPE, text=True, env=child_env()
+    )
+    try:
+        port = int(host.stdout.readline())  # type: ignore[union-attr]
+        store = dist.TCPStore(
+            "127.0.0.1", port, is_master=False, wait_for_workers=False,
+            timeout=timedelta(seconds=3),
+        )  # fmt: skip
+        loader = dp.Loader(
+            make_pipe(100), rank=0, world_size=2, dispatch="dynamic", store=store,
+            dispatch_unit_items=10, dispatch_lease_seconds=60, even_batches=False,
+        )  # fmt: skip
+        items = iter(loader)
+        for _ in range(100):  # all of it: rank 1 never came
+            next(items)
+        threading.Timer(
+            0.5, os.kill, (host.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        ).start()
+        started = time.monotonic()
+        with pytest.raises(DispatchStoreError, match=f"127.0.0.1:{port}"):
+            next(items)  # waiting for rank 1's lease when the store goes
+        assert time.monotonic() - started < 20
+    finally:
+        host.kill()
+        host.wait()
