@@ -294,6 +294,18 @@ def check_shape(state: Any) -> None:
                 f": it was saved by an older datapipes, {why}, so it cannot resume "
                 "exactly; restart the epoch (set_epoch) or resume with the version that saved it"
             )
+        if not hint and isinstance(state, dict) and version is None:
+            inner = find_loader_states(state)
+            if inner:  # a whole training checkpoint: say which entry is the Loader's
+                path = inner[0][0]
+                hint = (
+                    f": this looks like a whole checkpoint; pass the Loader's own entry, "
+                    f"at {path!r} in it (e.g. load_state_dict(checkpoint[{path!r}]))"
+                    if path.isidentifier()
+                    else f": this looks like a whole checkpoint; pass its entry at {path!r}"
+                )
+            else:
+                hint = f": no Loader state in it ({top_level(state)})"
         raise StateMismatchError(
             f"not a datapipes Loader state of version {STATE_VERSION} (found {found!r})" + hint
         )

@@ -262,6 +262,36 @@ class Loader:
         """Make the next iteration run ``epoch`` from its start."""
         self._cursor.set_epoch(epoch)
 
+    def epochs(self, total: int) -> Iterator[int]:
+        """The epochs still to run before ``total``, for a training loop that needs no arithmetic.
+
+        Starts at the epoch the next iteration runs: after ``load_state_dict()``
+        that is the checkpoint's epoch, which resumes where it stopped, so the
+        same loop serves a fresh run and a resumed one. Iterate the Loader once
+        in the body.
+
+        >>> import datapipes as dp
+        >>> loader = dp.Loader(dp.range(4).batch(2))
+        >>> for epoch in loader.epochs(2):
+        ...     print(epoch, [b.tolist() for b in loader])
+        0 [[0, 1], [2, 3]]
+        1 [[0, 1], [2, 3]]
+        """
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise ValueError(
+                f"epochs() takes the total number of epochs (an int >= 0), got {total!r}"
+            )
+        while True:
+            upcoming = self._cursor.next_run()
+            if upcoming.epoch >= total:
+                return
+            yield upcoming.epoch
+            if self._cursor.next_run().id == upcoming.id:  # the body never started the epoch
+                raise RuntimeError(
+                    "the body of `for epoch in loader.epochs(n):` must iterate the Loader "
+                    "(`for batch in loader: ...`) once per epoch"
+                )
+
     def __iter__(self) -> Iterator[Any]:
         self.topology.check_against_torch_distributed()  # set up before init_process_group?
         root = self._root

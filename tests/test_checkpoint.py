@@ -62,8 +62,11 @@ def test_each_rank_entry_holds_epoch_node_and_the_graph_made_once():
                 "type": "nodes.shuffle.BufferShuffleNode",
                 "step": ".shuffle(buffer_size=4)",
                 "inputs": [
-                    {"kind": "sequence source", "type": "nodes.sources.SequenceNode",
-                     "step": "dp.range(20)"}
+                    {
+                        "kind": "sequence source",
+                        "type": "nodes.sources.SequenceNode",
+                        "step": "dp.range(20)",
+                    }
                 ],
             }
         ],
@@ -82,17 +85,21 @@ def test_the_graph_record_is_the_same_with_statistics_on_or_off():
 
 def test_every_built_in_node_nests_its_inputs_state_where_it_says():
     numbers = dp.from_iterable(lambda: iter(range(60))).shard()
-    pipe = dp.concat(
-        dp.range(2),
-        dp.mix(
-            [
-                dp.range(40).shuffle(buffer_size=4).take(30).repeat(2),
-                dp.zip(numbers, dp.range(60).filter(is_even)).flat_map(list),
-            ],
-            [1, 1],
-        ).map(abs, num_workers=2),
-        dp.from_sequence([{"cls": b"1"}, {"cls": b"2"}]).decode(),
-    ).batch(2).prefetch(2)
+    pipe = (
+        dp.concat(
+            dp.range(2),
+            dp.mix(
+                [
+                    dp.range(40).shuffle(buffer_size=4).take(30).repeat(2),
+                    dp.zip(numbers, dp.range(60).filter(is_even)).flat_map(list),
+                ],
+                [1, 1],
+            ).map(abs, num_workers=2),
+            dp.from_sequence([{"cls": b"1"}, {"cls": b"2"}]).decode(),
+        )
+        .batch(2)
+        .prefetch(2)
+    )
 
     state = state_after(pipe, 9)
 
@@ -156,8 +163,11 @@ def test_a_custom_node_is_named_by_its_class_and_nested_only_through_upstream():
     nesting = state_after(dp.range(10).shuffle(buffer_size=3).apply_node(Nesting), 4)
 
     assert levels(opaque) == [(0, "", "Opaque")]  # one level: nothing guessed from "up"
-    assert levels(nesting) == [(0, "", "nesting"), (1, UPSTREAM, "buffer shuffle"),
-                               (2, UPSTREAM, "sequence source")]
+    assert levels(nesting) == [
+        (0, "", "nesting"),
+        (1, UPSTREAM, "buffer shuffle"),
+        (2, UPSTREAM, "sequence source"),
+    ]
     text = describe_checkpoint(opaque)
     assert ".apply_node(Opaque) (Opaque): up={" in text and "count=4" in text
 
@@ -216,3 +226,12 @@ def test_the_envelope_is_checked_before_the_recipe_and_the_setup() -> None:
     with pytest.raises(dp.StateMismatchError, match="Pass seed=0"):
         dp.Loader(dp.range(8), seed=1).load_state_dict(state)
     assert checkpoint.node_path(3) == 'ranks["3"].node'
+
+
+def test_a_whole_training_checkpoint_is_refused_pointing_at_the_loaders_entry():
+    loader = dp.Loader(dp.range(4))
+    whole = {"model": {"w": 1}, "data": loader.state_dict()}
+    with pytest.raises(dp.StateMismatchError, match=r"whole checkpoint.*'data'"):
+        dp.Loader(dp.range(4)).load_state_dict(whole)
+    with pytest.raises(dp.StateMismatchError, match=r"no Loader state in it.*'model'"):
+        dp.Loader(dp.range(4)).load_state_dict({"model": {}})

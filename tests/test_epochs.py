@@ -129,3 +129,43 @@ def test_items_per_rank_counts_without_communication():
     assert items_per_rank(pipe, 2, 0, 0, 0) == [2, 2]  # ranks read 4 and 3 items
     unknown = dp.range(7).filter(lambda x: x not in (3, 5)).batch(2)
     assert items_per_rank(unknown, 2, 0, 0, 0) == [2, 1]  # counted by running: 4 and 1 items
+
+
+def test_epochs_loop_continues_from_a_checkpoint_without_an_extra_epoch():
+    pipe = dp.range(10).shuffle().batch(3)
+    reference = dp.Loader(pipe, seed=5)
+    expected = [[b.tolist() for b in reference] for _ in reference.epochs(3)]
+
+    first = dp.Loader(pipe, seed=5)
+    seen: list[list[list[int]]] = []
+    for epoch in first.epochs(3):
+        seen.append([])
+        for batch in first:
+            seen[-1].append(batch.tolist())
+            if epoch == 1 and len(seen[-1]) == 2:
+                break
+        if epoch == 1:
+            break
+    state = first.state_dict()
+
+    resumed = dp.Loader(pipe, seed=5)
+    resumed.load_state_dict(state)
+    epochs_run = []
+    for epoch in resumed.epochs(3):
+        epochs_run.append(epoch)
+        batches = [b.tolist() for b in resumed]
+        if epoch == 1:
+            seen[1].extend(batches)
+        else:
+            seen.append(batches)
+    assert epochs_run == [1, 2]
+    assert seen == expected
+
+
+def test_epochs_loop_whose_body_never_iterates_is_an_error():
+    loader = dp.Loader(dp.range(3))
+    with pytest.raises(RuntimeError, match="must iterate the Loader"):
+        for _ in loader.epochs(2):
+            pass
+    with pytest.raises(ValueError, match="total number of epochs"):
+        next(loader.epochs(-1))
