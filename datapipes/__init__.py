@@ -8,11 +8,11 @@
 
 from datapipes.combine import concat, mix, zip
 from datapipes.dcp_states import load_dcp_states
-from datapipes.elastic import merge_states
 from datapipes.files import FileList, files
 from datapipes.iterables import from_iterable
 from datapipes.loader import InexactResumeWarning, InvalidStateError, Loader, StateMismatchError
 from datapipes.pipe import DataPipe
+from datapipes.resume import merge_states
 from datapipes.saving import load_checkpoint, save_checkpoint
 from datapipes.sources import from_sequence, range
 from datapipes.stats import PipelineStats, StepStats

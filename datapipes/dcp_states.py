@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["load_dcp_states"]
 
-#: The keys that make a dict a Loader state (as :func:`datapipes.checkpoint.find_loader_states`).
+#: The keys that make a dict a Loader state (as :func:`datapipes.resume.graph.find_loader_states`).
 _LOADER_KEYS = ("version", "fingerprint", "ranks")
 
 
@@ -126,7 +126,7 @@ def _find_state(
     folder: Path, metadata: Any, paths: dict[str, tuple[Any, ...]], key: str | None
 ) -> dict[str, Any]:
     """The (not yet merged) Loader state at ``key``, or the checkpoint's only one."""
-    from datapipes.checkpoint import find_loader_states
+    from datapipes.resume.graph import find_loader_states
 
     name = repr(str(folder))
     places = _loader_places(paths)

@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from datapipes import checkpoint
-
 Counts = dict[str, int]
 
 
@@ -63,23 +61,7 @@ class CarriedDrops:
             return None
         return {"epoch": ended, "counts": counts} if counts else None
 
-    def take_own(self, entry: dict[str, Any], epoch: int, node: Any) -> None:
-        """On the saved topology: carry on what the rank's entry carried (its consumers
-        count their own drops again as they resume: a drop is at a consumer's end, which
-        the resume replays), or, when it had ended the epoch before, that epoch's counts."""
-        self.epoch, self.counts = epoch, checkpoint.entry_drops(entry, epoch, "carried")
-        if node is None and epoch > 0:
-            self.epoch, self.counts = epoch - 1, checkpoint.entry_drops(entry, epoch - 1)
-
-    def take_job(
-        self, state: dict[str, Any], epoch: int, ended: Counts, rank: int, whole_epoch: bool
-    ) -> None:
-        """On another topology: rank 0 carries what the saved job dropped of ``epoch`` (its
-        ranks' final counts and ``ended``, its ended workers'); of the epoch before when
-        every rank had ended it (``whole_epoch``: nothing of ``epoch`` was read)."""
-        self.epoch = epoch - 1 if whole_epoch else epoch
-        self.counts = {}
-        if rank == 0:
-            for entry in checkpoint.with_idle_ranks(state)["ranks"].values():
-                _add(self.counts, checkpoint.entry_drops(entry, self.epoch))
-            _add(self.counts, ended)
+    def take(self, epoch: int | None, counts: Counts) -> None:
+        """Carry ``counts`` for ``epoch`` (a resume plan's: see
+        :class:`datapipes.resume.ResumePlan`)."""
+        self.epoch, self.counts = epoch, dict(counts)

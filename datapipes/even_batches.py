@@ -11,6 +11,7 @@ from datapipes.placement import split_main_steps
 from datapipes.topology import Topology
 from nodes import Context, Node
 from nodes.base import every_consumer
+from nodes.consumer_work import DealtWork
 from nodes.even import CollectiveAgreement, CountedAgreement, EvenBatchesNode, RankAgreement
 
 
@@ -206,7 +207,7 @@ def items_per_rank(
                     "this rank's state holds only its own share of the resumed epoch: load "
                     "the merged state (dp.merge_states) on every rank"
                 )
-            ctx.plans, ctx.plans_epoch = deal[1][index], epoch
+            ctx.work = DealtWork(epoch, deal[1][index])
             counts[ctx.rank] += _count_by_running(worker_part, ctx)
             continue
         known = worker_part.consumer_length(ctx)

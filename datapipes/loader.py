@@ -15,12 +15,6 @@ from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
-from datapipes import checkpoint, elastic
-from datapipes.checkpoint import (  # noqa: F401 - re-exported
-    STATE_VERSION,
-    InvalidStateError,
-    StateMismatchError,
-)
 from datapipes.dispatch import DEFAULT_UNIT_ITEMS, DynamicDispatch, check_dispatch
 from datapipes.drops import CarriedDrops
 from datapipes.epochs import EpochCursor, EpochRun
@@ -29,8 +23,11 @@ from datapipes.listings import JobListings
 from datapipes.loader_stats import LoaderStats
 from datapipes.pipe import DataPipe
 from datapipes.progress import ProgressBar, progress_bar_class
+from datapipes.resume import JobSetup, ResumePlan, parse_state, rank_state, resume_plan
+from datapipes.resume.graph import GraphRecord, node_path
+from datapipes.resume.remaining import check_recipe
 from datapipes.stats import PipelineStats
-from datapipes.takeover import Takeovers, check_lease_seconds
+from datapipes.takeover import TakeoverHost, Takeovers, check_lease_seconds
 from datapipes.topology import resolve_topology
 from datapipes.workers import (
     runtime_recipe,
@@ -40,6 +37,7 @@ from datapipes.workers import (
 )
 from nodes import Context, Node
 from nodes.dispatch import Dispatcher, DispatchSpec
+from nodes.errors import InvalidStateError, StateMismatchError  # noqa: F401 - re-exported
 from nodes.worker_bundles import check_items_per_transfer
 
 _DATALOADER_OPTIONS = frozenset(
@@ -225,7 +223,7 @@ class Loader:
             )  # fmt: skip
             if not num_workers:  # this process is the rank's one consumer: it claims here
                 placeholder = DispatchSpec(None, "", -1, 1, 1)
-                self._context.dispatch = Dispatcher(placeholder, self.topology.rank)
+                self._context.work = Dispatcher(placeholder, self.topology.rank)
         elif store is not None or dispatch_lease_seconds is not None:
             which = "store=" if store is not None else "dispatch_lease_seconds="
             raise ValueError(f"{which} is for dispatch='dynamic'; static dealing has no claims")
@@ -233,18 +231,18 @@ class Loader:
         if dispatch_lease_seconds is not None:
             check_lease_seconds(dispatch_lease_seconds, even_batches)
             if self.world_size > 1:  # with one rank there is nobody to take over
-                self._takeovers = Takeovers(self, float(dispatch_lease_seconds))
+                self._takeovers = Takeovers(self._takeover_host(), float(dispatch_lease_seconds))
                 assert self._dispatch is not None
                 self._dispatch.fenced = True
         # Listed once, at the first build; by rank 0 for all when the ranks iterate together.
         self._listings = JobListings(pipe, self._even.group)
         self._cursor = EpochCursor()
         self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
-        self._graph = checkpoint.GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
+        self._graph = GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
         self._stats = LoaderStats(self.collects_stats)
         # After a resume on another topology: (epoch, every new consumer's plan), see
         # datapipes.elastic; this rank's consumers read theirs during that epoch only.
-        self._deal: tuple[int, list[Any]] | None = None
+        self._plan: ResumePlan | None = None
         # (epoch, the graph's state at the start of a fresh run): a state taken before the
         # run delivered anything is the epoch's start (node None), which merges as such.
         self._fresh: tuple[int, Any] | None = None
@@ -308,7 +306,7 @@ class Loader:
             root.reset(run.resume_from)
         except StopIteration as error:  # a resume replaying past the data (never raw)
             raise InvalidStateError(
-                checkpoint.node_path(self.rank),
+                node_path(self.rank),
                 "a position within the epoch's data",
                 "?",
                 note="resuming it ran out of items",
@@ -325,8 +323,7 @@ class Loader:
         if self.num_workers:
             self._worker_dataset().dispatch_spec = spec
         else:
-            self._context.dispatch.use(spec)
-            self._context.plans, self._context.plans_epoch = self._context.dispatch, epoch
+            self._context.work.use(spec)
 
     @property
     def even_batches(self) -> bool:
@@ -350,7 +347,7 @@ class Loader:
             check_lease_seconds(self._takeovers.lease_seconds, True)  # decided only now
         context = self._context
         context.listings = self._listings.get(context)  # rank 0's, shared with the workers
-        self._apply_plans(context)
+        self._apply_plan(context)
         root = self._even.wrap(self._runtime_pipe.build(context), lambda: context.epoch)
         return self._stats.wrap(root)
 
@@ -509,19 +506,17 @@ class Loader:
         if self._fresh is not None and node is not None and self._fresh == (epoch, node):
             node = None  # nothing delivered yet: the start of the epoch
         plans = None
-        if self._deal is not None and self._deal[0] in (epoch, epoch - 1):
+        deal = None if self._plan is None else self._plan.deal
+        if deal is not None and deal[0] in (epoch, epoch - 1):
             # Kept one epoch on: a rank that finished its share still tells what it was.
-            plans = elastic.plans_text(self._deal[0], self._my_plans())
+            plans = (deal[0], deal[1][self._consumers.start : self._consumers.stop])
         dispatch = None
         if self._dispatch is not None:
-            per_rank = max(self.num_workers, 1)
-            mine = range(self.rank * per_rank, (self.rank + 1) * per_rank)
-            dispatch = self._dispatch.record(epoch, mine)
-        return checkpoint.make_state(
+            dispatch = self._dispatch.record(epoch, self._consumers)
+        return rank_state(
             fingerprint=self._fingerprint,
             steps=self._steps,
-            seed=self.seed,
-            topology=self._topology_record(),
+            setup=self.setup,
             rank=self.rank,
             epoch=epoch,
             node=node,
@@ -551,98 +546,61 @@ class Loader:
         a fresh epoch of the new topology. A step with no exact answer (see
         :class:`datapipes.ElasticResumeError`) is refused, naming it.
         """
-        checkpoint.check_recipe_of(state, self._fingerprint, self._steps)
-        state = checkpoint.with_idle_ranks(state)
+        parsed = parse_state(state)
+        check_recipe(parsed, self._fingerprint, self._steps)
+        if parsed.setup.same_topology(self.setup):
+            self._even.adopt(parsed.setup.even_batches)  # before it is compared
+        plan = resume_plan(
+            self.pipe,
+            parsed,
+            self.setup,
+            self.rank,
+            self._listings.get(self._context),
+            dynamic=self._dispatch is not None,
+        )
+        if plan.node is not None:
+            self._validate_position(plan)
         if self._dispatch is not None:  # every resume hands out what the checkpoint left
-            self._load_dispatched(state)
+            self._dispatch.set_base(plan.epoch, plan.dispatch_work)
+        self._cursor.restore(plan.epoch, plan.node)
+        self._plan = plan
+        self._even.set_deal(plan.deal)
+        self._apply_plan(self._context)
+        self._drops.take(*plan.carried_drops)
+        self._graph.load(plan.graph)
+
+    @property
+    def setup(self) -> JobSetup:
+        """This Loader's job setup, as its checkpoints record it."""
+        return JobSetup(
+            self.world_size,
+            self.num_workers,
+            self.seed,
+            self.even_batches,
+            self.items_per_transfer,
+        )
+
+    @property
+    def _consumers(self) -> range:
+        return range(
+            self.rank * max(self.num_workers, 1), (self.rank + 1) * max(self.num_workers, 1)
+        )
+
+    def _apply_plan(self, ctx: Context) -> None:
+        """Hand this rank's consumers their share of a dealt epoch (the Loader's context, or
+        its workers'); under dynamic dispatch the units claimed are the work."""
+        if self._dispatch is not None:
             return
-        saved = state["topology"]
-        same = (
-            saved["world_size"],
-            saved["num_workers"],
-            saved.get("items_per_transfer", 1),
-        ) == (self.world_size, self.num_workers, self.items_per_transfer)
-        if same and str(self.rank) in state["ranks"] and not checkpoint.was_dispatched(state):
-            self._even.adopt(checkpoint.saved_even_batches(state))  # before it is compared
-            checkpoint.check_setup(state, self._topology_record(), self.seed, self.rank)
-            epoch, node = checkpoint.rank_position(state, self.rank)
-            entry = state["ranks"][str(self.rank)]
-            # A rank's plans for this epoch, or for the one it finished (kept one epoch on).
-            plans_epoch = epoch
-            plans = checkpoint.entry_plans(entry, epoch)
-            if plans is None and node is None and epoch > 0:
-                plans_epoch, plans = epoch - 1, checkpoint.entry_plans(entry, epoch - 1)
-            deal = None
-            if plans is not None:
-                setup = checkpoint.saved_setup(state)
-                where = f"{checkpoint.rank_path(self.rank)}.plans.text.consumers"
-                elastic.validate_plans(
-                    self.pipe,
-                    setup,
-                    self.rank,
-                    plans_epoch,
-                    plans,
-                    self._listings.get(self._context),
-                    where,
-                )
-                deal = (
-                    plans_epoch,
-                    elastic.saved_deal(state, plans_epoch, self.world_size, self.num_workers),
-                )
-            if node is not None:
-                self._validate_position(epoch, node, deal)
-            self._resume(epoch, node, deal)
-            self._drops.take_own(entry, epoch, node)
-            self._graph.load(checkpoint.rank_graph(state, self.rank))
-            return
-        self._load_elsewhere(state)
-
-    def _load_elsewhere(self, state: dict[str, Any]) -> None:
-        """Resume a state of another topology: deal its epoch's remaining work here."""
-        listings = self._listings.get(self._context)
-        where = (self.rank, self.world_size, self.num_workers, self.seed)
-        epoch, deal, ended_drops = elastic.deal_here(self.pipe, state, where, listings)
-        self._resume(epoch, None, deal)
-        self._drops.take_job(state, epoch, ended_drops, self.rank, whole_epoch=deal is None)
-
-    def _load_dispatched(self, state: dict[str, Any]) -> None:
-        """Resume any state (dynamic or static, any topology) under dynamic dispatch: the
-        units of the resumed epoch are what the checkpoint left."""
-        assert self._dispatch is not None
-        listings = self._listings.get(self._context)
-        where = (self.rank, self.world_size, self.num_workers, self.seed)
-        epoch, work, ended_drops = elastic.remaining_here(self.pipe, state, where, listings)
-        self._dispatch.set_base(epoch, work)
-        self._resume(epoch, None, None)
-        self._drops.take_job(state, epoch, ended_drops, self.rank, whole_epoch=work is None)
-
-    def _resume(self, epoch: int, node: Any, deal: tuple[int, list[Any]] | None) -> None:
-        self._cursor.restore(epoch, node)
-        self._deal = deal
-        self._even.set_deal(deal)
-        self._apply_plans(self._context)
-
-    def _my_plans(self) -> list[Any]:
-        assert self._deal is not None
-        return self._my_plans_of(self._deal)
-
-    def _my_plans_of(self, deal: tuple[int, list[Any]]) -> list[Any]:
-        per_rank = max(self.num_workers, 1)
-        return deal[1][self.rank * per_rank : (self.rank + 1) * per_rank]
-
-    def _apply_plans(self, ctx: Context) -> None:
-        """Hand this rank's consumers their plans (the Loader's context, or its workers')."""
-        if self._dispatch is not None:  # the units claimed are the plans (_begin_dispatch)
-            return
-        mine = None if self._deal is None else self._my_plans()
-        epoch = None if self._deal is None else self._deal[0]
-        ctx.plans_epoch = epoch
+        plan = self._plan
         if self.num_workers:
-            ctx.plans = None
             dataset = self._worker_dataset()
-            dataset.worker_plans, dataset.plans_epoch = mine, epoch
+            deal = None if plan is None else plan.deal
+            dataset.worker_plans = (
+                None if deal is None else deal[1][self._consumers.start : self._consumers.stop]
+            )
+            dataset.plans_epoch = None if deal is None else deal[0]
         else:
-            ctx.plans = None if mine is None else mine[0]
+            ctx.work = None if plan is None else plan.consumer_work(self.setup, self.rank, 0)
 
     def _worker_dataset(self) -> Any:
         step = self._runtime_pipe
@@ -650,44 +608,50 @@ class Loader:
             step = step.inputs[0]
         return step._dataset
 
-    def _validate_position(
-        self, epoch: int, node: dict[str, Any], deal: tuple[int, list[Any]] | None = None
-    ) -> None:
+    def _validate_position(self, plan: ResumePlan) -> None:
         # Against the graph the epoch will run, built for the saved epoch (building opens
         # nothing) apart from the Loader's own, which may be running (a prefetch thread
         # reads its context) and must stay as it is if the state is refused.
-        ctx = Context(rank=self.rank, world_size=self.world_size, epoch=epoch, seed=self.seed)
+        ctx = Context(rank=self.rank, world_size=self.world_size, epoch=plan.epoch, seed=self.seed)
         ctx.listings = self._listings.get(ctx)  # the Loader's listing: the files it reads
-        saved_deal, self._deal = self._deal, deal
+        saved_plan, self._plan = self._plan, plan
         try:
-            self._apply_plans(ctx)
+            self._apply_plan(ctx)
             root = self._even.wrap(self._runtime_pipe.build(ctx), lambda: ctx.epoch)
         finally:
-            self._deal = saved_deal
-            self._apply_plans(self._context)
+            self._plan = saved_plan
+            self._apply_plan(self._context)
         try:
-            root.validate_state(node, checkpoint.node_path(self.rank))
+            root.validate_state(plan.node, node_path(self.rank))
         finally:
             root.close()
+
+    def _takeover_host(self) -> TakeoverHost:
+        assert self._dispatch is not None
+        dispatch = self._dispatch
+        return TakeoverHost(
+            pipe=self.pipe,
+            fingerprint=self._fingerprint,
+            steps=self._steps,
+            setup=lambda: self.setup,
+            rank=self.rank,
+            client=lambda: dispatch.client,
+            state=self.state_dict,
+            start_state=self._state_for,
+            listings=lambda: self._listings.get(self._context),
+        )
 
     def _state_for(self, rank: int) -> dict[str, Any]:
         """A state of this job at the start of the running epoch, with ``rank``'s entry (a
         rank taken over before it published its own, see datapipes.takeover)."""
         assert self._dispatch is not None
-        per_rank = max(self.num_workers, 1)
         epoch = self._cursor.epoch
-        return checkpoint.make_state(
+        return rank_state(
             fingerprint=self._fingerprint,
             steps=self._steps,
-            seed=self.seed,
-            topology=self._topology_record(),
+            setup=self.setup,
             rank=rank,
             epoch=epoch,
             node=None,
-            dispatch=self._dispatch.record(epoch, range(rank * per_rank, (rank + 1) * per_rank)),
-        )
-
-    def _topology_record(self) -> dict[str, Any]:
-        return checkpoint.topology_record(
-            self.world_size, self.num_workers, self.even_batches, self.items_per_transfer
+            dispatch=self._dispatch.record(epoch, self.setup.consumers_of(rank)),
         )

@@ -68,6 +68,12 @@ def check_no_main_steps(pipe: DataPipe[Any]) -> None:
         stack.extend(step.inputs)
 
 
+def worker_part(pipe: DataPipe[Any], num_workers: int) -> DataPipe[Any]:
+    """The part of ``pipe`` a consumer runs: all of it without DataLoader workers, the part
+    below the main-process steps (:func:`split_main_steps`) with them."""
+    return split_main_steps(pipe)[0] if num_workers else pipe
+
+
 def rebuild_on(base: DataPipe[Any], steps: Sequence[DataPipe[Any]]) -> DataPipe[Any]:
     """The chain of single-input ``steps`` (upstream first) re-applied on top of ``base``."""
     for step in steps:

@@ -23,14 +23,16 @@ rank's work); the ranks' next epoch checkpoints as usual.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from datapipes import checkpoint, elastic
-from nodes import Context
+from datapipes.resume import JobSetup, claimed_work, parse_state, rank_state
+from datapipes.resume.write import dispatch_record
 from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.dispatch.dispatcher import claims_in, pointer_key, seal
@@ -38,7 +40,7 @@ from nodes.dispatch.lease import DONE, TAKEN, Lease, LeaseLost, LeaseWatch, leas
 from nodes.errors import InvalidStateError
 
 if TYPE_CHECKING:
-    from datapipes.loader import Loader
+    from datapipes.pipe import DataPipe
 
 #: Seconds between looks at the other ranks' leases while waiting at an epoch's end.
 POLL_SECONDS = 0.05
@@ -79,30 +81,44 @@ def taken_work(
     Its claims are sealed first (no consumer of it claims after this), then read from
     the store: they include units claimed after ``state`` was published.
     """
-    checkpoint.check_shape(state)
-    setup = checkpoint.saved_setup(state)
-    entry = dict(state["ranks"].get(str(rank)) or {})
-    if not isinstance(entry.get("dispatch"), dict):  # a position, but not this rank's
+    parsed = parse_state(state)
+    entry = parsed.ranks.get(rank)
+    if entry is None or entry.dispatch is None:  # a position, but not this rank's
         where = f'ranks["{rank}"].dispatch'
-        raise InvalidStateError(where, "the rank's dispatch record", entry.get("dispatch"))
-    record = dict(entry["dispatch"])
-    per_rank = max(setup["num_workers"], 1)
-    consumers = range(rank * per_rank, (rank + 1) * per_rank)
-    claims: dict[str, dict[str, list[int]]] = {str(c): {} for c in consumers}
-    for place in {place for units in record["claims"].values() for place in units}:
-        entries = seal(client, pointer_key(record["key"], place), rank)
+        raise InvalidStateError(where, "the rank's dispatch record", None)
+    consumers = parsed.setup.consumers_of(rank)
+    claims: dict[int, dict[str, list[int]]] = {c: {} for c in consumers}
+    for place in {place for units in entry.dispatch.claims.values() for place in units}:
+        entries = seal(client, pointer_key(entry.dispatch.key, place), rank)
         for consumer in consumers:
-            claims[str(consumer)][place] = claims_in(entries, consumer)
-    record["claims"] = claims
-    entry["dispatch"] = record
-    return elastic.claimed_work(pipe, {**state, "ranks": {str(rank): entry}}, rank, since, listings)
+            claims[consumer][place] = claims_in(entries, consumer)
+    return claimed_work(pipe, parsed, rank, since, listings, claims=claims)
+
+
+@dataclass(frozen=True)
+class TakeoverHost:
+    """What takeovers need of the Loader whose rank they serve: a narrow interface."""
+
+    pipe: DataPipe[Any]
+    fingerprint: str
+    steps: Sequence[str]
+    setup: Callable[[], JobSetup]
+    rank: int
+    #: The store client of its dynamic dispatch.
+    client: Callable[[], Any]
+    #: Its ``state_dict()`` now.
+    state: Callable[[], dict[str, Any]]
+    #: A state of the job at the start of the running epoch with ``rank``'s entry.
+    start_state: Callable[[int], dict[str, Any]]
+    #: The job's file listings.
+    listings: Callable[[], Any]
 
 
 class Takeovers:
     """A Loader's leases and takeovers (see the module doc): one per Loader."""
 
-    def __init__(self, loader: Loader, lease_seconds: float) -> None:
-        self.loader = loader
+    def __init__(self, host: TakeoverHost, lease_seconds: float) -> None:
+        self.loader = host
         self.lease_seconds = lease_seconds
         self.lease: Lease | None = None
         self.reading_phase: int | None = None  # the taken rank whose units this rank reads
@@ -119,8 +135,7 @@ class Takeovers:
 
     @property
     def client(self) -> Any:
-        assert self.loader._dispatch is not None
-        return self.loader._dispatch.client
+        return self.loader.client()
 
     # ----- the rank's own units -------------------------------------------------------------
     def deliver(self, items: Iterator[Any], spec: DispatchSpec) -> Iterator[Any]:
@@ -134,9 +149,9 @@ class Takeovers:
         if lease is None or lease.lost:
             lease = self.lease = Lease(self.client, spec.key, self.loader.rank, self.lease_seconds)
         try:
-            start = self.loader.state_dict()
+            start = self.loader.state()
             lease.start(_text(start))
-            yield from self._written_ahead(items, self.loader.state_dict, self._at_start(start))
+            yield from self._written_ahead(items, self.loader.state, self._at_start(start))
             yield from self._after(spec)
         except LeaseLost as lost:
             self.fenced = self._report["fenced"] = True
@@ -173,16 +188,15 @@ class Takeovers:
             yield item
 
     def _at_start(self, state: dict[str, Any]) -> bool:
-        return state["ranks"][str(self.loader.rank)]["node"] is None
+        return parse_state(state).ranks[self.loader.rank].node is None
 
     # ----- at the end: wait for the others, take over the stalled ------------------------------
     def _after(self, spec: DispatchSpec) -> Iterator[Any]:
         lease = self.lease
         assert lease is not None
         loader = self.loader
-        watch = LeaseWatch(
-            self.client, spec.key, loader.rank, loader.world_size, self.lease_seconds
-        )
+        world_size = loader.setup().world_size
+        watch = LeaseWatch(self.client, spec.key, loader.rank, world_size, self.lease_seconds)
         read: set[int] = set()  # the taken ranks whose units this rank read
         while True:
             leases = watch.scan()
@@ -215,7 +229,7 @@ class Takeovers:
         assert lease is not None
         # Active while it holds work nobody else knows of (between taking the lease and
         # publishing the work): if it stops now, its own taker finds it stalled.
-        lease.publish_state(_text(self.loader.state_dict()))
+        lease.publish_state(_text(self.loader.state()))
         old = watch.take(rank, raw)
         if old is None:  # another rank was first, or it woke up
             return False
@@ -232,7 +246,7 @@ class Takeovers:
         number = old.get("state", -1)
         text = watch.state_text(rank, number) if number >= 0 else None
         if text is None:  # it never published a position: it delivered nothing this epoch
-            state = loader._state_for(rank)
+            state = loader.start_state(rank)
             since = 0
         else:
             try:
@@ -242,8 +256,7 @@ class Takeovers:
                     f"dispatch lease {rank} state {number}", "a Loader state (JSON)", text[:60]
                 ) from error
             since = int(old.get("since", 0))
-        listings = loader._listings.get(loader._context)
-        return taken_work(loader.pipe, state, rank, since, self.client, listings)
+        return taken_work(loader.pipe, state, rank, since, self.client, loader.listings())
 
     def _phase(self, spec: DispatchSpec, taken: int, value: dict[str, Any]) -> Iterator[Any]:
         """Read (with the other waiting ranks) the units of ``taken``'s takeover phase."""
@@ -262,16 +275,14 @@ class Takeovers:
         work = json.loads(raw)
         if not work:
             return
+        # A phase is read in this process, one consumer per rank (no DataLoader workers).
+        setup = dataclasses.replace(loader.setup(), num_workers=0, items_per_transfer=1)
         phase = DispatchSpec(
-            self.client, f"{spec.key}/x{taken}", spec.epoch, loader.world_size,
+            self.client, f"{spec.key}/x{taken}", spec.epoch, setup.world_size,
             spec.unit_items, work, fenced_per_rank=1,
         )  # fmt: skip
-        ctx = Context(
-            rank=loader.rank, world_size=loader.world_size, epoch=spec.epoch, seed=loader.seed
-        )
-        ctx.listings = loader._listings.get(loader._context)
-        ctx.dispatch = ctx.plans = Dispatcher(phase, loader.rank)
-        ctx.plans_epoch = spec.epoch
+        work_here = Dispatcher(phase, loader.rank)
+        ctx = setup.context(loader.rank, 0, spec.epoch, listings=loader.listings(), work=work_here)
         root = loader.pipe.build(ctx)
         lease = self.lease
         assert lease is not None
@@ -293,21 +304,23 @@ class Takeovers:
         """The phase's position as a one-consumer-per-rank Loader state (what a taker of
         this rank converts)."""
         loader = self.loader
-        record = {
-            "epoch": phase.epoch,
-            "key": phase.key,
-            "consumers": phase.consumers,
-            "unit_items": phase.unit_items,
-            "work": phase.work,
-            "claims": {str(loader.rank): {place: [] for place in phase.work}},
-        }
+        setup = dataclasses.replace(
+            loader.setup(), num_workers=0, items_per_transfer=1, even_batches=False
+        )
+        record = dispatch_record(
+            epoch=phase.epoch,
+            key=phase.key,
+            consumers=phase.consumers,
+            unit_items=phase.unit_items,
+            work=phase.work,
+            claims={loader.rank: {place: [] for place in phase.work}},
+        )
 
         def state(start: bool = False) -> dict[str, Any]:
-            return checkpoint.make_state(
-                fingerprint=loader._fingerprint,
-                steps=loader._steps,
-                seed=loader.seed,
-                topology=checkpoint.topology_record(loader.world_size, 0, False),
+            return rank_state(
+                fingerprint=loader.fingerprint,
+                steps=loader.steps,
+                setup=setup,
                 rank=loader.rank,
                 epoch=phase.epoch,
                 node=None if start else root.state_dict(),

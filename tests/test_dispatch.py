@@ -27,7 +27,7 @@ from file_fixtures import write_file
 from helpers import dynamic_ranks, file_store
 
 import datapipes as dp
-from datapipes.checkpoint_schema import node_digest
+from datapipes.resume.schema import node_digest
 from nodes.dispatch import units_of
 
 SEED = 11

@@ -22,8 +22,8 @@ from file_fixtures import write_id_files
 from helpers import dynamic_ranks, file_store
 
 import datapipes as dp
-from datapipes.checkpoint import decode_state
-from datapipes.dispatch import epoch_work
+from datapipes.resume.graph import decode_state
+from datapipes.resume.claims import epoch_work
 from datapipes.inspect import load_recipe, main
 from nodes import Context
 from nodes.dispatch import Dispatcher, DispatchSpec, units_of
@@ -258,7 +258,7 @@ def test_a_files_recipe_checks_the_reader_in_its_unit(recipe, tmp_path, capsys):
     node = json.loads(state["ranks"]["0"]["node"])
     node["inner"]["part"] = [(node["inner"]["part"][0] + 1) % 2, node["inner"]["part"][1]]
     text = json.dumps(node)
-    from datapipes.checkpoint_schema import node_digest
+    from datapipes.resume.schema import node_digest
 
     state["ranks"]["0"].update(node=text, digest=node_digest(text))
     dp.save_checkpoint(state, str(tmp_path / "moved.pt"))

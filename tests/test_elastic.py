@@ -19,7 +19,7 @@ from helpers import multiset
 
 import datapipes as dp
 import nodes
-from datapipes.elastic import remaining_work
+from datapipes.resume import parse_state, remaining_work
 from nodes import elastic as el
 
 
@@ -226,7 +226,7 @@ def test_another_seed_is_refused_on_another_topology():
 def test_save_load_save_on_a_new_topology_is_a_fixed_point():
     pipe = dp.range(64).shuffle().shuffle(buffer_size=5)
     _, merged = stop_at(loaders(pipe, 3), [2, 5, 8])
-    _, work = remaining_work(pipe, merged)
+    _, work = remaining_work(pipe, parse_state(merged))
     first = loaders(pipe, 2)
     for loader in first:
         loader.load_state_dict(merged)
@@ -236,7 +236,7 @@ def test_save_load_save_on_a_new_topology_is_a_fixed_point():
         loader.load_state_dict(state)
     assert [loader.state_dict() for loader in again] == saved
     # ... and the state on the new topology describes the same remaining work.
-    _, moved = remaining_work(pipe, dp.merge_states(saved))
+    _, moved = remaining_work(pipe, parse_state(dp.merge_states(saved)))
     assert el.expand(moved) == el.expand(work)
 
 
@@ -344,7 +344,7 @@ def test_a_damaged_merged_state_is_an_invalid_state_error():
     node = json.loads(entry["node"])
     node["slots"][0] = node["slots"][1]  # two slots hold one item
     text = json.dumps(node, separators=(",", ":"))
-    from datapipes.checkpoint_schema import node_digest
+    from datapipes.resume.schema import node_digest
 
     damaged = {
         **merged,
@@ -376,14 +376,14 @@ def test_states_taken_under_other_worker_counts_describe_the_same_remaining_work
     # reading: each describes exactly the work the checkpoint described.
     pipe = dp.range(90).shuffle().map(lambda x: x * 2).shuffle(buffer_size=6).batch(4)
     _, merged = stop_at(loaders(pipe, 3), [2, 4, 1])
-    _, work = remaining_work(pipe, merged)
+    _, work = remaining_work(pipe, parse_state(merged))
     for world_size, num_workers in [(1, 1), (1, 2), (1, 3), (2, 2)]:
         group = loaders(pipe, world_size, num_workers=num_workers)
         for loader in group:
             loader.load_state_dict(merged)
         again = dp.merge_states([loader.state_dict() for loader in group])
         assert again["topology"]["num_workers"] == num_workers
-        _, described = remaining_work(pipe, again)
+        _, described = remaining_work(pipe, parse_state(again))
         assert el.expand(described) == el.expand(work), (world_size, num_workers)
 
 
@@ -417,7 +417,7 @@ def test_merging_with_the_recipe_works_out_the_remaining_work_once():
     pipe = dp.range(70).shuffle().shuffle(buffer_size=5).batch(3)
     every = flat(list(dp.Loader(pipe, seed=5)))
     taken, merged = stop_at(loaders(pipe, 3), [2, 5, 1])
-    _, work = remaining_work(pipe, merged)
+    _, work = remaining_work(pipe, parse_state(merged))
     precomputed = dp.merge_states([merged], pipe=pipe)
     assert json.loads(precomputed["remaining"]["text"])["work"] == work
     plain_deal = [loader for loader in loaders(pipe, 2)]

@@ -16,7 +16,7 @@ import torch
 from file_fixtures import write_id_files
 
 import datapipes as dp
-from datapipes.checkpoint import node_digest
+from datapipes.resume.schema import node_digest
 from nodes import Context
 
 datasets = pytest.importorskip("datasets")

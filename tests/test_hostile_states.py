@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import datapipes as dp
-from datapipes.checkpoint_schema import node_digest
+from datapipes.resume.schema import node_digest
 from datapipes.inspect import describe_checkpoint
 from datapipes.inspect.cli import check_recipe
 from nodes import UPSTREAM, Node

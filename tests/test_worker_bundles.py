@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import datapipes as dp
-from datapipes.checkpoint_schema import check_envelope, node_digest
+from datapipes.resume.schema import check_envelope, node_digest
 from nodes.errors import InvalidStateError
 from nodes.worker_bundles import FailedInBundle, bundles
 from nodes.worker_errors import carry

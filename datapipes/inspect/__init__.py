@@ -70,12 +70,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from datapipes.checkpoint import decode_state, explain_difference, find_loader_states, top_level
 from datapipes.inspect.cli import check_recipe, load_recipe, main
 from datapipes.inspect.job import elastic_report, gather
 from datapipes.inspect.load import CheckpointError, load_checkpoint
 from datapipes.inspect.render import render
 from datapipes.pipe import DataPipe
+from datapipes.resume.graph import (
+    decode_state,
+    explain_difference,
+    find_loader_states,
+    top_level,
+)
 
 
 def describe_checkpoint(

@@ -39,8 +39,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from datapipes import checkpoint
-from datapipes.checkpoint import decode_state, saved_setup, top_level
 from datapipes.inspect.dispatch import record_problems
 from datapipes.inspect.job import elastic_report, gather
 from datapipes.inspect.load import CheckpointError, load_checkpoint
@@ -48,6 +46,8 @@ from datapipes.inspect.render import as_json, render, shared_graph
 from datapipes.inspect.tree import RecipeGraph, recipe_graph
 from datapipes.loader import Loader, StateMismatchError
 from datapipes.pipe import DataPipe
+from datapipes.resume import job_state, parse_state
+from datapipes.resume.graph import decode_state, explain_difference, top_level
 from nodes import FileListNode, FileReaderNode, Node
 from nodes import torchdata_adapter as torchdata
 from nodes.dispatch import DispatchedSourceNode
@@ -149,10 +149,10 @@ def check_state(state: dict[str, Any]) -> list[str]:
     version, fields and their types, each rank's epoch and node JSON. Empty when nothing is;
     the node positions are checked only against a recipe (:func:`check_recipe`)."""
     try:
-        checkpoint.check_shape(state)
+        parsed = parse_state(state)
     except StateMismatchError as error:
         return [str(error)]
-    return record_problems(checkpoint.with_idle_ranks(state)["ranks"])
+    return record_problems(job_state(parsed, idle_as_ranges=False)["ranks"])
 
 
 # ----- --recipe: loading it -------------------------------------------------------------
@@ -249,13 +249,14 @@ def check_recipe(
         return [
             f"the recipe's fingerprint {pipe.fingerprint()} differs from the checkpoint's "
             f"{state.get('fingerprint')}; the steps that differ:\n"
-            + checkpoint.explain_difference(list(state.get("steps", [])), pipe.steps())
+            + explain_difference(list(state.get("steps", [])), pipe.steps())
         ]
     own = {"seed": seed, "num_workers": num_workers}
     own = {key: value for key, value in own.items() if value is not None}
     for rank in sorted(state.get("ranks", {}), key=str):
         try:
-            loader = Loader(pipe, rank=int(rank), **{**saved_setup(state), **own})
+            arguments = parse_state(state).setup.loader_arguments()
+            loader = Loader(pipe, rank=int(rank), **{**arguments, **own})
         except Exception as error:  # noqa: BLE001 - reported as what stops the resume
             problems.append(f"rank {rank}: cannot make the Loader: {error}")
             continue

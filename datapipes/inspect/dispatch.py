@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from datapipes.dispatch import ReplayDispatch, epoch_work
 from datapipes.pipe import DataPipe
+from datapipes.resume.claims import ReplayDispatch, epoch_work
 from nodes import Context
 from nodes.dispatch import Dispatcher, DispatchSpec
 
@@ -54,8 +54,7 @@ def attach_replay(ctx: Context, record: Record | None, part: DataPipe[Any]) -> N
         int(record.get("unit_items") or 1),
         work,
     )
-    ctx.dispatch = ctx.plans = Dispatcher(spec, ctx.consumer_index, recorded=claims)
-    ctx.plans_epoch = ctx.epoch
+    ctx.work = Dispatcher(spec, ctx.consumer_index, recorded=claims)
 
 
 def unit_counts(record: Record, whole_epoch: dict[str, Any] | None) -> dict[str, int]:

@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from datapipes import elastic
-from datapipes.checkpoint import check_shape, find_loader_states, saved_setup, with_idle_ranks
-from datapipes.dispatch import ReplayDispatch, epoch_work
 from datapipes.inspect.dispatch import job_units, rank_record, record_summary, unit_counts
 from datapipes.pipe import DataPipe
-from datapipes.placement import split_main_steps
+from datapipes.placement import worker_part
+from datapipes.resume import JobState, job_state, merge_states, parse_state, remaining_work
+from datapipes.resume.claims import ReplayDispatch, epoch_work
+from datapipes.resume.graph import find_loader_states
+from datapipes.resume.remaining import resume_epoch
 from nodes import Context
 from nodes import elastic as el
 from nodes.errors import InvalidStateError, StateMismatchError
@@ -67,7 +68,7 @@ def gather(checkpoints: list[tuple[str, Any]]) -> list[Shown]:
             shown.append(Shown(group[0][0], group[0][1], [], ""))
             continue
         try:
-            merged = elastic.merge_states([state for _, state in group])
+            merged = merge_states([state for _, state in group])
         except (StateMismatchError, ValueError) as error:
             why = f"the {len(group)} states of this job given were not merged: {error}"
             together = _together(group)
@@ -90,8 +91,8 @@ def _together(group: list[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
         if not isinstance(saved, dict) or any(rank in ranks for rank in saved):
             return None
         try:
-            saved = with_idle_ranks(state)["ranks"]  # a merged state's idle ranks, written out
-        except (KeyError, TypeError, ValueError):
+            saved = _written_out(parse_state(state))["ranks"]  # idle ranks written out too
+        except (StateMismatchError, InvalidStateError):
             return None
         if any(rank in ranks for rank in saved):
             return None
@@ -128,16 +129,23 @@ def ranks_text(ranks: list[int]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def coverage(state: dict[str, Any]) -> tuple[bool, str]:
-    """Whether a (checked) state holds every rank of its job, and what that means for a resume.
+def _written_out(state: JobState) -> dict[str, Any]:
+    """A parsed state as raw data with every rank's entry written out (idle ranges too)."""
+    return job_state(state, idle_as_ranges=False)
 
-    >>> coverage({"topology": {"world_size": 3}, "ranks": {"1": {}}})[1].split(";")[0]
+
+def coverage(state: JobState) -> tuple[bool, str]:
+    """Whether a state holds every rank of its job, and what that means for a resume.
+
+    >>> import datapipes as dp
+    >>> one = dp.Loader(dp.range(4), rank=1, world_size=3).state_dict()
+    >>> coverage(parse_state(one))[1].split(";")[0]
     'holds rank 1 of 3 only: resumes on the saved topology'
     """
-    world_size = state["topology"]["world_size"]
-    ranks = sorted(int(rank) for rank in with_idle_ranks(state)["ranks"])
+    world_size = state.setup.world_size
+    ranks = sorted(state.ranks)
     noun = "rank" if len(ranks) == 1 else "ranks"
-    if elastic.covers_job(state):
+    if state.covers_job:
         where = f"{noun} {ranks_text(ranks)} of {world_size}"
         return True, f"covers {where}: can resume on any topology"
     return False, (
@@ -230,26 +238,26 @@ def elastic_report(
     """
     report: dict[str, Any] = {"problem": None, "refused": False}
     try:
-        check_shape(state)
+        parsed = parse_state(state)
     except StateMismatchError as error:
         report["problem"] = f"this state cannot be read for a resume: {error}"
         return report
-    state = with_idle_ranks(state)  # a merged state keeps the ranks with nothing to say apart
-    setup = saved_setup(state)
-    covers, text = coverage(state)
+    state = _written_out(parsed)  # a merged state keeps the ranks with nothing to say apart
+    setup = parsed.setup
+    covers, text = coverage(parsed)
     ranks = state["ranks"]
     report.update(
-        saved_topology={"world_size": setup["world_size"], "num_workers": setup["num_workers"]},
+        saved_topology={"world_size": setup.world_size, "num_workers": setup.num_workers},
         ranks=sorted(int(rank) for rank in ranks),
         covers_job=covers,
         coverage=text,
     )
     try:
-        epoch = elastic.resume_epoch(ranks)
+        epoch = resume_epoch(parsed.ranks)
     except StateMismatchError as error:  # ranks of different checkpoints: no job to resume
         report["covers_job"] = False
         report["coverage"] = (
-            f"holds ranks {ranks_text(report['ranks'])} of {setup['world_size']}, which do not "
+            f"holds ranks {ranks_text(report['ranks'])} of {setup.world_size}, which do not "
             "make one checkpoint"
         )
         report["problem"] = str(error)
@@ -264,8 +272,8 @@ def elastic_report(
         report["dispatch"] = {"ranks": dispatch}
     asked = world_size is not None or num_workers is not None
     target = {
-        "world_size": setup["world_size"] if world_size is None else world_size,
-        "num_workers": setup["num_workers"] if num_workers is None else num_workers,
+        "world_size": setup.world_size if world_size is None else world_size,
+        "num_workers": setup.num_workers if num_workers is None else num_workers,
     }
     report["needs_recipe"] = pipe is None
     if pipe is None:
@@ -290,10 +298,10 @@ def elastic_report(
             )
         return report
     try:
-        _remaining(report, pipe, state, epoch)
+        _remaining(report, pipe, state, parsed)
         if asked:
             report["deal"] = {**target, "consumers": None}
-            _deal(report, pipe, state, target, same)
+            _deal(report, pipe, state, parsed, target, same)
     except StateMismatchError as error:  # ElasticResumeError included: a refusal, with its reason
         report["problem"] = str(error)
         report["refused"] = isinstance(error, el.ElasticResumeError)
@@ -318,12 +326,12 @@ def _rank_status(entry: dict[str, Any], epoch: int) -> dict[str, Any]:
 
 
 def _remaining(
-    report: dict[str, Any], pipe: DataPipe[Any], state: dict[str, Any], epoch: int
+    report: dict[str, Any], pipe: DataPipe[Any], state: dict[str, Any], parsed: JobState
 ) -> None:
     """The remaining work of the job's (first unfinished) epoch, per source."""
     replays: list[ReplayDispatch] = []
     try:
-        at, work = elastic.remaining_work(pipe, state, replays=replays)
+        at, work = remaining_work(pipe, parsed, replays=replays)
     except InvalidStateError as error:
         raise StateMismatchError(str(error)) from error
     labels = source_labels(pipe, state, at)
@@ -350,6 +358,7 @@ def _deal(
     report: dict[str, Any],
     pipe: DataPipe[Any],
     state: dict[str, Any],
+    parsed: JobState,
     target: dict[str, int],
     same: bool,
 ) -> None:
@@ -364,13 +373,12 @@ def _deal(
     work = report.get("work")
     consumers = []
     if same:
-        for rank in sorted(state["ranks"], key=int):
-            mine = {**state, "ranks": {rank: state["ranks"][rank]}}
-            at, own = elastic.remaining_work(pipe, mine)
+        for rank in parsed.ranks:
+            at, own = remaining_work(pipe, parsed.only(rank))
             sources = _sources(own, labels) if at == report["remaining"]["epoch"] else []
-            consumers.append({"rank": int(rank), "worker": None, "sources": sources})
+            consumers.append({"rank": rank, "worker": None, "sources": sources})
     elif work is not None:
-        plans = elastic.full_deal(work, target["world_size"], target["num_workers"])
+        plans = el.deal(work, target["world_size"] * max(target["num_workers"], 1))
         per_rank = max(target["num_workers"], 1)
         for index, plan in enumerate(plans):
             rank, worker = divmod(index, per_rank)
@@ -414,9 +422,9 @@ def dispatch_ranks(state: dict[str, Any], pipe: DataPipe[Any] | None) -> dict[st
                     named[epoch] = source_labels(pipe, state, epoch)
                 labels = named[epoch]
                 if record["work"] is None and epoch not in whole:
-                    setup = saved_setup(state)
-                    part = split_main_steps(pipe)[0] if setup["num_workers"] else pipe
-                    whole[epoch] = epoch_work(part, Context(epoch=epoch, seed=setup["seed"]))
+                    setup = parse_state(state).setup
+                    part = worker_part(pipe, setup.num_workers)
+                    whole[epoch] = epoch_work(part, Context(epoch=epoch, seed=setup.seed))
                 units = unit_counts(record, whole.get(epoch))
             except Exception as error:  # noqa: BLE001 - shown as the record's problem
                 out[rank] = {"problem": f"cutting its epoch into units failed: {error}"}
@@ -427,11 +435,11 @@ def dispatch_ranks(state: dict[str, Any], pipe: DataPipe[Any] | None) -> dict[st
 
 def source_labels(pipe: DataPipe[Any], state: dict[str, Any], epoch: int) -> dict[str, str]:
     """Each source's place in the recipe, labelled with the recipe's steps that build it."""
-    from datapipes.checkpoint import graph_record  # the record names each node's steps
+    from datapipes.resume.graph import graph_record  # the record names each node's steps
 
-    setup = saved_setup(state)
-    part = split_main_steps(pipe)[0] if setup["num_workers"] else pipe
-    ctx = Context(world_size=setup["world_size"], seed=setup["seed"], epoch=epoch)
+    setup = parse_state(state).setup
+    part = worker_part(pipe, setup.num_workers)
+    ctx = Context(world_size=setup.world_size, seed=setup.seed, epoch=epoch)
     pipes: dict[int, DataPipe[Any]] = {}
     nodes: dict[int, Any] = {}
     labels: dict[str, str] = {}

@@ -11,11 +11,12 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-from datapipes.checkpoint import STATE_VERSION, decode_state
 from datapipes.inspect.dispatch import record_summary, record_text
 from datapipes.inspect.job import plans_summary, ranks_text
 from datapipes.inspect.tree import Level, RecipeGraph, recipe_graph
 from datapipes.pipe import DataPipe
+from datapipes.resume.graph import decode_state
+from datapipes.resume.parse import STATE_VERSION
 from nodes import torchdata_adapter as torchdata
 
 #: Lists of scalars longer than this are summarised ("16 positions"), never printed.

@@ -1,7 +1,7 @@
 """The node tree of a saved position: every level of a rank's node state, with what took it.
 
 A Loader state records the shape of each rank's built graph
-(:func:`datapipes.checkpoint.graph_record`): per node its kind, the recipe step
+(:func:`datapipes.resume.graph.graph_record`): per node its kind, the recipe step
 that built it, its inputs, and the graph the worker processes run. The levels
 of a node state follow that record, and each node type says where its inputs'
 states sit (:meth:`nodes.Node.upstream_states`); nothing is told by a state's keys.
@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from datapipes.checkpoint import decode_state, graph_record, saved_setup, upstream_states
 from datapipes.inspect.dispatch import attach_replay, rank_record
 from datapipes.pipe import DataPipe
 from datapipes.placement import rebuild_on, split_main_steps
+from datapipes.resume import parse_state
+from datapipes.resume.graph import decode_state, graph_record, upstream_states
 from nodes import Context, Node
 
 Record = dict[str, Any]
@@ -178,9 +179,9 @@ def recipe_graph(
 ) -> RecipeGraph:
     """``rank``'s graph built from ``pipe`` as ``state`` ran it (with workers: its main part),
     to be compared with ``saved``, the graph record ``state`` holds for the rank."""
-    setup = saved_setup(state)
-    where = {"rank": rank, "world_size": setup["world_size"], "seed": setup["seed"]}
-    num_workers = setup["num_workers"]
+    setup = parse_state(state).setup
+    where = {"rank": rank, "world_size": setup.world_size, "seed": setup.seed}
+    num_workers = setup.num_workers
     # Under dynamic dispatch the Loader wrapped each source to read the units it claimed:
     # built the same way (replaying the rank's record), the levels match the saved ones.
     record = rank_record(decode_state(state)["ranks"].get(str(rank)))

@@ -16,7 +16,7 @@ checkpoint says exactly which items were delivered; every claim is also
 recorded in the store, where a Loader finds the claims its DataLoader workers
 made after their last snapshot. Nothing in the store marks a unit done: a
 unit is done when a checkpoint shows its last item delivered, so a resume
-(:func:`datapipes.elastic.remaining_work`) hands out again exactly the items
+(:func:`datapipes.resume.remaining_work`) hands out again exactly the items
 no consumer delivered.
 """
 

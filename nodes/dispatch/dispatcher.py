@@ -1,7 +1,8 @@
 """One consumer's side of an epoch's dynamic dispatch: its units, its claims, its current unit.
 
-A :class:`Dispatcher` is set as the consumer's ``ctx.plans`` (and
-``ctx.dispatch``): a source asks it for its plan as after an elastic resume,
+A :class:`Dispatcher` is the consumer's ``ctx.work`` (a
+:class:`nodes.consumer_work.ConsumerWork` that claims on demand): a source asks it
+for its plan as after an elastic resume,
 and it answers with the unit the source's :class:`DispatchedSourceNode` claimed
 last. Claims go through the store (``add`` on one counter per source: the
 counter's old value is the unit's index, so no unit is handed out twice), and
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
+from nodes.consumer_work import ConsumerWork
 from nodes.dispatch.store import StoreClient
 from nodes.dispatch.units import units_of
 from nodes.elastic import Piece, Work
@@ -132,8 +134,10 @@ def recorded_claims(client: StoreClient, key: str, place: str, consumer: int) ->
     return [int(unit) for unit in raw.decode().split(",") if unit] if raw else []
 
 
-class Dispatcher:
+class Dispatcher(ConsumerWork):
     """One consumer's view of an epoch's dynamic dispatch (see the module doc)."""
+
+    claims_on_demand = True
 
     def __init__(
         self, spec: DispatchSpec, consumer: int, recorded: dict[str, list[int]] | None = None
@@ -157,10 +161,14 @@ class Dispatcher:
         self.wait_seconds: dict[str, float] = {}
 
     # ----- what a source reads (Context.plan_for) ----------------------------------------
-    def get(self, place: str, default: Any = None) -> Any:
-        """The pieces of the unit the source at ``place`` reads now (``default``: none yet)."""
+    @property
+    def epoch(self) -> int:
+        return self.spec.epoch
+
+    def plan_for(self, place: str) -> list[Any]:
+        """The pieces of the unit the source at ``place`` reads now (``[]``: none yet)."""
         unit = self._current.get(place)
-        return default if unit is None else self.units(place)[unit]
+        return [] if unit is None else self.units(place)[unit]
 
     def units(self, place: str) -> list[list[Piece]]:
         """Every unit of ``place``'s work this epoch (see :meth:`DispatchSpec.units`)."""

@@ -1,0 +1,50 @@
+"""The job state and the resume plan: one typed model of a Loader checkpoint, parsed once.
+
+- :mod:`~datapipes.resume.model`: frozen records (:class:`JobSetup`,
+  :class:`RankEntry`, :class:`DispatchRecord`, :class:`Plans`, :class:`Drops`,
+  :class:`Remaining`, :class:`JobState`);
+- :mod:`~datapipes.resume.schema` and :mod:`~datapipes.resume.parse`: a raw
+  state checked (shapes, then fields against each other) and parsed, once;
+- :mod:`~datapipes.resume.write`: states written out (the layout is there);
+- :mod:`~datapipes.resume.graph`: the graph record a state carries, and raw
+  states read for display;
+- :mod:`~datapipes.resume.remaining`: merging ranks' states, what an epoch
+  still owes, a taken-over rank's claimed work;
+- :mod:`~datapipes.resume.plan`: (recipe, parsed state, new setup, listings)
+  -> :class:`ResumePlan`, which the Loader carries out.
+
+This package imports neither the Loader nor the takeover code.
+"""
+
+from datapipes.resume.model import (
+    DispatchRecord,
+    Drops,
+    JobSetup,
+    JobState,
+    Plans,
+    RankEntry,
+    Remaining,
+)
+from datapipes.resume.parse import STATE_VERSION, parse_state
+from datapipes.resume.plan import ResumePlan, resume_plan
+from datapipes.resume.remaining import claimed_work, merge_states, remaining_work
+from datapipes.resume.write import job_state, rank_state
+
+__all__ = [
+    "STATE_VERSION",
+    "DispatchRecord",
+    "Drops",
+    "JobSetup",
+    "JobState",
+    "Plans",
+    "RankEntry",
+    "Remaining",
+    "ResumePlan",
+    "claimed_work",
+    "job_state",
+    "merge_states",
+    "parse_state",
+    "rank_state",
+    "remaining_work",
+    "resume_plan",
+]

@@ -1,0 +1,403 @@
+"""What an epoch still owes: merging the ranks' states of one checkpoint, and the remaining work.
+
+A checkpoint of a job of ``R`` ranks x ``W`` workers holds each consumer's
+position. :func:`merge_states` puts the ranks' states together into one state
+for the whole job. :func:`remaining_work` turns such a state into the
+interrupted epoch's remaining work in canonical coordinates (see
+:mod:`nodes.elastic`): for each old consumer it builds the graph that
+consumer ran, restores it, and asks its buffers what they hold and its
+sources what they have not read. :func:`claimed_work` is the same for one
+rank of a dynamically dispatched epoch whose other ranks go on (a takeover).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from datapipes.placement import rebuild_on, worker_part
+from datapipes.resume.claims import ReplayDispatch, epoch_work
+from datapipes.resume.graph import explain_difference, node_path
+from datapipes.resume.model import JobSetup, JobState, RankEntry, Remaining
+from datapipes.resume.parse import parse_state
+from datapipes.resume.write import job_state
+from nodes import UPSTREAM, Context, Node
+from nodes import elastic as el
+from nodes.base import walk_graph
+from nodes.consumer_work import ConsumerWork, DealtWork
+from nodes.errors import InvalidStateError, StateMismatchError
+from nodes.file_states import cursors_checked_later
+from nodes.worker_replay import ENDED, with_more_steps, worker_positions
+
+if TYPE_CHECKING:
+    from datapipes.pipe import DataPipe
+    from nodes.files import Listings
+
+
+# ----- merging ------------------------------------------------------------------------------
+
+
+def merge_states(
+    states: Iterable[dict[str, Any]], pipe: DataPipe[Any] | None = None
+) -> dict[str, Any]:
+    """One Loader state for a whole job, from every rank's ``Loader.state_dict()``.
+
+    ``states`` are the states of one checkpoint (each rank's own, or states
+    that already hold several ranks), in any order. The result loads into a
+    Loader of any ``rank``, ``world_size`` and ``num_workers``: on the saved
+    topology it resumes exactly as each rank's own state would; on another,
+    the interrupted epoch's remaining items are dealt to the new consumers,
+    each exactly once. It is plain data, like every Loader state.
+
+    Refused with :class:`datapipes.StateMismatchError`, saying which: a rank
+    missing, states of different recipes, seeds or topologies, two different
+    states of one rank, ranks in epochs that cannot belong to one checkpoint.
+
+    With ``pipe`` (the recipe the states were taken with), the interrupted
+    epoch's remaining work is worked out here, once, and kept in the merged
+    state (``"remaining"``, with a digest): a Loader on another topology then
+    only deals it, instead of restoring every old consumer's graph itself.
+
+    >>> import datapipes as dp
+    >>> loaders = [dp.Loader(dp.range(8), rank=r, world_size=2) for r in range(2)]
+    >>> its = [iter(loader) for loader in loaders]; _ = [next(it) for it in its]
+    >>> merged = dp.merge_states([loader.state_dict() for loader in loaders])
+    >>> sorted(merged["ranks"])
+    ['0', '1']
+    """
+    parsed = [parse_state(state) for state in states]
+    if not parsed:
+        raise ValueError("merge_states needs the states of every rank, got none")
+    first = parsed[0]
+    ranks: dict[int, RankEntry] = {}
+    for state in parsed:
+        _check_same_job(first, state)
+        for rank, entry in state.ranks.items():
+            if rank in ranks and _without_graph(ranks[rank]) != _without_graph(entry):
+                raise StateMismatchError(
+                    f"merge_states got two different states of rank {rank}: they come from "
+                    "different checkpoints (different steps); pass each rank's state of one "
+                    "checkpoint once"
+                )
+            if rank not in ranks or ranks[rank].graph is None:
+                ranks[rank] = entry
+    world_size = first.setup.world_size
+    missing = [r for r in range(world_size) if r not in ranks]
+    if missing:
+        raise StateMismatchError(
+            f"merge_states got the states of rank(s) {sorted(ranks)} of a job "
+            f"of {world_size} ranks: rank(s) {missing} are missing. Pass every rank's state "
+            "(each rank's Loader.state_dict(), or dp.load_dcp_states for a DCP checkpoint)."
+        )
+    resume_epoch(ranks)  # refuses ranks in epochs one checkpoint cannot hold
+    merged = JobState(first.fingerprint, first.steps, first.setup, dict(sorted(ranks.items())))
+    if pipe is not None:
+        check_recipe(merged, pipe.fingerprint(), pipe.steps())
+        dropped: dict[str, int] = {}
+        epoch, work = remaining_work(pipe, merged, None, dropped)
+        merged = dataclasses.replace(merged, remaining=Remaining(epoch, work, dropped))
+    return job_state(merged)
+
+
+def check_recipe(state: JobState, fingerprint: str, steps: Iterable[str]) -> None:
+    """Refuse (:class:`StateMismatchError`, showing the steps that differ) a state of
+    another recipe."""
+    if state.fingerprint != fingerprint:
+        raise StateMismatchError(
+            "this checkpoint was taken with a different recipe:\n"
+            + explain_difference(list(state.steps), list(steps))
+        )
+
+
+def _check_same_job(first: JobState, state: JobState) -> None:
+    if state.fingerprint != first.fingerprint:
+        raise StateMismatchError(
+            "merge_states got states of different recipes:\n"
+            + explain_difference(list(first.steps), list(state.steps))
+        )
+    if state.setup.seed != first.setup.seed:
+        raise StateMismatchError(
+            f"merge_states got states of different seeds: {first.setup.seed} and "
+            f"{state.setup.seed}; pass the states of one checkpoint of one job"
+        )
+    if state.setup != first.setup:
+        raise StateMismatchError(
+            f"merge_states got states of different topologies: {first.setup.topology()} and "
+            f"{state.setup.topology()}; pass the states of one checkpoint of one job"
+        )
+
+
+def _without_graph(entry: RankEntry) -> RankEntry:
+    return dataclasses.replace(entry, graph=None)
+
+
+def resume_epoch(ranks: Mapping[int, RankEntry]) -> int:
+    """The epoch a job's ranks resume: the earliest; the others must have finished it."""
+    epoch = min(entry.epoch for entry in ranks.values())
+    for rank, entry in ranks.items():
+        if entry.epoch > epoch and (entry.epoch > epoch + 1 or entry.node is not None):
+            at = sorted(r for r, e in ranks.items() if e.epoch == epoch)
+            raise StateMismatchError(
+                f"rank {rank} is in epoch {entry.epoch} "
+                f"({'mid-epoch' if entry.node is not None else 'at its start'}) while rank(s) "
+                f"{at} are in epoch {epoch}: these states do not come from one checkpoint"
+            )
+    return epoch
+
+
+# ----- the remaining work -----------------------------------------------------------------
+
+
+def remaining_work(
+    pipe: DataPipe[Any],
+    state: JobState,
+    listings: Listings | None = None,
+    drops: dict[str, int] | None = None,
+    replays: list[ReplayDispatch] | None = None,
+) -> tuple[int, el.Work | None]:
+    """``(epoch, remaining work)`` of a state that covers every rank of its job.
+
+    ``pipe`` is the recipe the state was taken with (a Loader's, with its
+    ``pin_memory``/``to_device`` steps). The work is ``None`` when the epoch
+    has not started on any rank (a fresh epoch of any topology deals it).
+    Raises :class:`nodes.elastic.ElasticResumeError` naming a step that has
+    no exact answer. ``drops``, when given, receives what the DataLoader workers
+    that had ended their share dropped (``batch(drop_last=True)``), which no
+    rank's entry can say for sure (a count taken mid-epoch may be read-ahead).
+    ``replays``, when given, receives the replay of a dynamically dispatched epoch
+    (:class:`datapipes.resume.claims.ReplayDispatch`: which units no consumer reached).
+    """
+    epoch = resume_epoch(state.ranks)
+    setup = state.setup
+    works = []
+    replay = _replay_dispatch(pipe, setup, state.ranks.values(), epoch, listings)
+    if replay is not None and replays is not None:
+        replays.append(replay)
+    started = replay is not None and replay.started
+    for rank, entry in state.ranks.items():
+        if entry.epoch != epoch:
+            started = True  # it finished the epoch: the others' shares are what remains
+            continue
+        node = entry.node
+        plans = entry.plans_of(epoch)
+        started = started or node is not None or plans is not None
+        if setup.even_batches and node is not None:
+            node = node[UPSTREAM]  # the Loader's even_batches wrapper: its input's position
+        try:
+            with cursors_checked_later():  # the new consumers check the pieces they read
+                works.extend(
+                    _rank_work(pipe, setup, rank, epoch, node, plans, listings, drops, replay)
+                )
+        except (StateMismatchError, OSError):
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, StopIteration) as error:
+            # A damaged state that the node checks let through: never a raw error.
+            raise InvalidStateError(
+                node_path(rank),
+                "a position this recipe can resume",
+                "?",
+                note=f"converting it for another topology failed: {type(error).__name__}: {error}",
+            ) from error
+    if not started:
+        return epoch, None
+    if replay is not None:  # dynamic dispatch: the units no consumer had reached
+        works.append(replay.unreached())
+    return epoch, el.merge_work(works)
+
+
+def claimed_work(
+    pipe: DataPipe[Any],
+    state: JobState,
+    rank: int,
+    since: int = 0,
+    listings: Listings | None = None,
+    claims: Mapping[int, Mapping[str, list[int]]] | None = None,
+) -> el.Work:
+    """What one rank of a dynamically dispatched epoch had not delivered, the other ranks
+    going on: its position in ``state`` ``since`` items on, and the units its consumers
+    claimed (its dispatch record) but had not reached. Unlike :func:`remaining_work`, no
+    unit that nobody claimed is in it: the ranks still hand those out (see
+    :mod:`datapipes.takeover`). ``claims``: the rank's consumers' claims as the store
+    holds them now (they include units claimed after ``state`` was published)."""
+    setup = state.setup
+    entry = state.ranks.get(rank)
+    if entry is None or entry.dispatch is None:
+        raise InvalidStateError(
+            f'ranks["{rank}"].dispatch', "the rank's dispatch record of its epoch", None
+        )
+    if claims is not None:
+        record = dataclasses.replace(entry.dispatch, claims=dict(claims))
+        entry = dataclasses.replace(entry, dispatch=record)
+    epoch = entry.epoch
+    replay = _replay_dispatch(pipe, setup, [entry], epoch, listings)
+    if replay is None:
+        raise InvalidStateError(
+            f'ranks["{rank}"].dispatch.epoch', f"{epoch} (the rank's epoch)", entry.dispatch.epoch
+        )
+    node = entry.node
+    if since:
+        node = _advanced(pipe, setup, rank, epoch, node, since, replay, listings)
+    works = _rank_work(pipe, setup, rank, epoch, node, None, listings, None, replay)
+    works.append(replay.unreached(claimed_only=True))
+    return el.merge_work(works)
+
+
+def _advanced(
+    pipe: Any,
+    setup: JobSetup,
+    rank: int,
+    epoch: int,
+    node: Any,
+    since: int,
+    replay: ReplayDispatch,
+    listings: Any,
+) -> Any:
+    """``node`` (a rank's Loader graph state) after ``since`` more items were delivered."""
+    if setup.num_workers:  # the DataLoader replays them from its snapshot
+        return with_more_steps(node, since, node_path(rank))
+    root = pipe.build(_context(setup, rank, 0, epoch, None, listings, replay))
+    try:
+        if node is not None:
+            root.validate_state(node, node_path(rank))
+        root.reset(node)
+        items = iter(root)
+        for _ in range(since):
+            next(items)
+        return root.state_dict()
+    except StopIteration:
+        raise InvalidStateError(
+            node_path(rank), "a position within the data", "?",
+            note=f"the lease said {since} items were delivered after it; the data ran out",
+        ) from None  # fmt: skip
+    finally:
+        root.close()
+
+
+def _replay_dispatch(
+    pipe: DataPipe[Any],
+    setup: JobSetup,
+    entries: Iterable[RankEntry],
+    epoch: int,
+    listings: Any,
+) -> ReplayDispatch | None:
+    """The claims of ``epoch`` if it was dispatched dynamically (see datapipes.dispatch)."""
+    records = [
+        entry.dispatch
+        for entry in entries
+        if entry.dispatch is not None and entry.dispatch.epoch == epoch
+    ]
+    if not records:
+        return None
+    whole = None
+    if records[0].work is None:  # the epoch's whole work: worked out again
+        ctx = Context(epoch=epoch, seed=setup.seed, listings=listings)
+        whole = epoch_work(worker_part(pipe, setup.num_workers), ctx)
+    return ReplayDispatch(records, whole)
+
+
+def _context(
+    setup: JobSetup,
+    rank: int,
+    worker: int,
+    epoch: int,
+    plans: list[Any] | None,
+    listings: Any,
+    replay: ReplayDispatch | None = None,
+) -> Context:
+    work: ConsumerWork | None = None
+    if replay is not None:  # its claims, replayed: a source reads the units it claimed
+        work = replay.for_consumer(setup.consumers_of(rank)[worker])
+    elif plans is not None:
+        work = DealtWork(epoch, plans[worker])
+    return setup.context(rank, worker, epoch, listings=listings, work=work)
+
+
+def _rank_work(
+    pipe: DataPipe[Any],
+    setup: JobSetup,
+    rank: int,
+    epoch: int,
+    node: Any,
+    plans: list[Any] | None,
+    listings: Any,
+    drops: dict[str, int] | None = None,
+    replay: ReplayDispatch | None = None,
+) -> list[el.Work]:
+    if not setup.num_workers:
+        root = pipe.build(_context(setup, rank, 0, epoch, plans, listings, replay))
+        if node is not None:
+            root.validate_state(node, node_path(rank))
+        return [el.consumer_work(root, node)]
+    part = worker_part(pipe, setup.num_workers)
+    _check_main_steps(pipe)
+    loader_state = _workers_state(node)
+    consumers = setup.consumers_of(rank)
+    if loader_state is None:  # the rank had ended its epoch
+        if replay is not None:
+            for consumer in consumers:
+                replay.finished(consumer)
+        return []
+
+    def build(worker: int) -> Node[Any]:
+        return part.build(_context(setup, rank, worker, epoch, plans, listings, replay))
+
+    states = worker_positions(
+        build,
+        setup.num_workers,
+        setup.items_per_transfer,
+        loader_state,
+        _bundle_taken(node),
+        node_path(rank),
+        drops,
+    )
+    works = []
+    for worker, position in enumerate(states):
+        if position is ENDED:
+            if replay is not None:
+                replay.finished(consumers[worker])
+            continue
+        works.append(el.consumer_work(build(worker), position))
+    return works
+
+
+def _check_main_steps(pipe: DataPipe[Any]) -> None:
+    """Steps in the main process above the workers must hold no items of their own."""
+    from datapipes.placement import split_main_steps
+    from datapipes.sources import range as empty_range
+
+    root = rebuild_on(empty_range(0), split_main_steps(pipe)[1]).build(Context())
+    try:
+        for node in walk_graph(root):
+            if node.inputs and node.elastic != "transparent":
+                raise el.refuse(
+                    node,
+                    "runs in the main process above the DataLoader workers "
+                    "and holds items there; move it before .pin_memory()/.to_device()",
+                )
+    finally:
+        root.close()
+
+
+def _loader_node(node: Any) -> Any:
+    while isinstance(node, dict) and "dataloader" not in node and "ended" not in node:
+        node = node.get(UPSTREAM)
+    return node
+
+
+def _workers_state(node: Any) -> dict[str, Any] | None:
+    """The StatefulDataLoader state under the main-process steps (their state is its)."""
+    if node is None:
+        return {}
+    node = _loader_node(node)
+    if not isinstance(node, dict) or node.get("ended"):
+        return None
+    return node.get("dataloader") or {}
+
+
+def _bundle_taken(node: Any) -> int:
+    """Items of the current bundle the workers' node had returned (``items_per_transfer``
+    > 1, see nodes.WorkerStreamNode), after the DataLoader position of its state."""
+    node = _loader_node(node)
+    taken = node.get("taken", 0) if isinstance(node, dict) else 0
+    return taken if isinstance(taken, int) and not isinstance(taken, bool) else 0
