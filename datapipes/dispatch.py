@@ -103,8 +103,8 @@ class DynamicDispatch:
                 "their Loaders by the order they make them, and must make the same ones (the "
                 "same recipe, seed and dispatch_unit_items) in the same order."
             )
-        #: Claims go through fenced claim lists (leases, see datapipes.takeover).
-        self.fenced = False
+        #: Claims go through claim lists a taker can seal (leases, see datapipes.takeover).
+        self.sealable_claims = False
         self._attempts: dict[int, int] = {}
         self._base: tuple[int, el.Work] | None = None
         self.spec: DispatchSpec | None = None
@@ -157,7 +157,7 @@ class DynamicDispatch:
             self.consumers,
             self.unit_items,
             work,
-            fenced_per_rank=self.consumers // self._world_size if self.fenced else 0,
+            sealable_per_rank=self.consumers // self._world_size if self.sealable_claims else 0,
         )
         return self.spec
 

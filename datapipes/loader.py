@@ -1,11 +1,10 @@
-"""The Loader: epochs, seeds, and checkpoints of a whole pipeline.
+"""The Loader: runs a recipe epoch by epoch; its checkpoints resume through one plan.
 
-The Loader composes parts that each have one job: the worker plan
-(:mod:`datapipes.workers`: which steps run in DataLoader workers), the epoch
-cursor (:mod:`datapipes.epochs`: which epoch runs, where it resumes), the
-``even_batches`` policy (:mod:`datapipes.even_batches`) and the checkpoint
-format (:mod:`datapipes.checkpoint`). What stays here is building the graph
-once, running it epoch by epoch, and its statistics.
+A resume parses the state once and carries out a :class:`datapipes.resume.ResumePlan`
+(:mod:`datapipes.resume`); the worker plan (:mod:`datapipes.workers`), the epoch
+cursor (:mod:`datapipes.epochs`), the ``even_batches`` policy
+(:mod:`datapipes.even_batches`) and the reports (:mod:`datapipes.loader_reports`)
+are parts with one job each.
 """
 
 from __future__ import annotations
@@ -20,67 +19,27 @@ from datapipes.drops import CarriedDrops
 from datapipes.epochs import EpochCursor, EpochRun
 from datapipes.even_batches import NO_GROUP, EvenBatchesPolicy
 from datapipes.listings import JobListings
+from datapipes.loader_arguments import InexactResumeWarning, check_arguments
+from datapipes.loader_dispatch import make_dispatch, placeholder_dispatcher
+from datapipes.loader_reports import LoaderReports
 from datapipes.loader_stats import LoaderStats
 from datapipes.pipe import DataPipe
 from datapipes.progress import ProgressBar, progress_bar_class
 from datapipes.resume import JobSetup, ResumePlan, parse_state, rank_state, resume_plan
 from datapipes.resume.graph import GraphRecord, node_path
 from datapipes.resume.remaining import check_recipe
-from datapipes.stats import PipelineStats
-from datapipes.takeover import TakeoverHost, Takeovers, check_lease_seconds
+from datapipes.takeover import TakeoverHost, check_lease_seconds
 from datapipes.topology import resolve_topology
 from datapipes.workers import (
     runtime_recipe,
     worker_drop_counts,
-    worker_loss_counts,
-    worker_skip_counts,
 )
 from nodes import Context, Node
-from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.errors import InvalidStateError, StateMismatchError  # noqa: F401 - re-exported
 from nodes.worker_bundles import check_items_per_transfer
 
-_DATALOADER_OPTIONS = frozenset(
-    {
-        "prefetch_factor",
-        "timeout",
-        "multiprocessing_context",
-        "worker_init_fn",
-        "snapshot_every_n_steps",
-        "persistent_workers",
-    }
-)
 
-
-def _check_arguments(pipe: Any, num_workers: Any, dataloader_options: dict[str, Any]) -> None:
-    """Refuse, saying what to pass instead, arguments a Loader cannot run with."""
-    if not isinstance(pipe, DataPipe):
-        raise TypeError(
-            f"Loader takes a DataPipe recipe, got {type(pipe).__name__}; build one with "
-            "dp.from_sequence(...), dp.range(...) or dp.from_iterable(...)"
-        )
-    if not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
-    unknown = set(dataloader_options) - _DATALOADER_OPTIONS
-    if unknown:
-        raise TypeError(
-            f"Loader got unexpected arguments {sorted(unknown)}; DataLoader options it "
-            f"passes on are {sorted(_DATALOADER_OPTIONS)}"
-        )
-    if dataloader_options and num_workers == 0:
-        raise ValueError(
-            f"{sorted(dataloader_options)} configure worker processes: set num_workers > 0"
-        )
-    prefetch_factor = dataloader_options.get("prefetch_factor", 2)
-    if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
-        raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
-
-
-class InexactResumeWarning(UserWarning):
-    """A step of the recipe cannot resume exactly (said when the Loader is made, with the fix)."""
-
-
-class Loader:
+class Loader(LoaderReports):
     """Runs a recipe epoch by epoch, with checkpoints that resume exactly.
 
     Iterating the Loader runs one epoch; iterating it again runs the next,
@@ -97,60 +56,23 @@ class Loader:
     >>> sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(6))
     True
 
-    **Ranks.** ``rank``/``world_size`` (a data-parallel rank), else ``mesh``
-    with its data-parallel ``mesh_dims`` (ranks of one tensor-parallel group
-    read the same data), else ``torch.distributed`` when it is initialized,
-    else the ``RANK``/``WORLD_SIZE`` environment variables. Each rank reads its
-    own share of the data.
-
-    **Workers.** With ``num_workers=N > 0`` the pipeline runs in ``N``
-    DataLoader worker processes (torchdata's ``StatefulDataLoader``), each
-    reading its own share; ``pin_memory()``, ``to_device()`` and the steps
-    after them run in this process. ``state_dict()`` then covers every worker,
-    items computed ahead included. ``prefetch_factor``, ``timeout``,
-    ``multiprocessing_context``, ``worker_init_fn``, ``persistent_workers``
-    and ``snapshot_every_n_steps`` (default 32: a resume replays fewer items
-    than that, see :class:`nodes.WorkerStreamNode`) go to the DataLoader.
-    Workers start afresh each epoch unless ``persistent_workers=True``, which
-    keeps them from one epoch to the next (a resume, or ``set_epoch`` to any
-    other epoch, starts fresh ones). A worker's error is raised here with its
-    traceback.
-
-    ``items_per_transfer=K`` (default 1) makes each worker send ``K``
-    consecutive items of its share per DataLoader transfer, which this process
-    hands out one by one: for small items (JSONL records, batches of a few
-    small tensors) where the DataLoader's ~0.5 ms of CPU per transfer is a
-    large share of the work. The order becomes runs of ``K`` items per worker
-    in turn (still the same every run); checkpoints stay exact, also mid-run,
-    and resume on another topology or ``K``. Up to ``K x prefetch_factor``
-    items per worker are in flight: leave it at 1 for large items (image
-    batches), where the transfer cost is small beside the item's.
-
-    **Even epochs.** With ``even_batches`` every rank yields the same number of
-    items per epoch (the extra items of the fuller ranks are dropped, with an
-    :class:`datapipes.UnevenDataWarning` saying how many), so a DDP job never
-    hangs in a collective because one rank ran out first. The default
-    (``None``) turns it on when ``torch.distributed`` runs more than one rank;
-    ranks then agree through one tiny gloo ``all_reduce`` per 8 items (read
-    ahead), so every
-    rank must iterate the Loader (for rank-0-only evaluation make that Loader
-    with ``rank=0, world_size=1``). Without
-    ``torch.distributed`` (``even_batches=True`` with explicit ranks), the
-    counts are computed: from lengths for sequences, else by a counting pass.
-
-    ``pin_memory=True`` and ``device=...`` are shorthands for appending
-    ``.pin_memory()`` and ``.to_device(device)`` to the recipe.
-
-    **Dynamic dispatch.** ``dispatch="dynamic"`` cuts each epoch into units
-    (``dispatch_unit_items`` positions of a random-access source, or a file or
-    file part) that each consumer claims when it runs dry, through ``store`` (a
-    ``torch.distributed`` store; default: the process group's, or one of its own
-    for a single rank), so a slow rank reads less; checkpoints stay exact and
-    resume on any topology, dynamic or static (see :mod:`datapipes.dispatch`).
-    ``dispatch_lease_seconds=s`` (several ranks that run no collectives) lets the
-    ranks that finished take over, within the epoch, the units of a rank that
-    stopped renewing its lease for ``s`` seconds; a stalled rank that wakes up
-    has its late items dropped (see :mod:`datapipes.takeover`).
+    **Arguments** (the guides in ``docs/guides/`` say more of each):
+    ``rank``/``world_size`` (a data-parallel rank; else ``mesh`` with its
+    data-parallel ``mesh_dims``, else ``torch.distributed``, else ``RANK`` and
+    ``WORLD_SIZE``); ``num_workers`` DataLoader worker processes (torchdata's
+    ``StatefulDataLoader``; ``prefetch_factor``, ``timeout``,
+    ``multiprocessing_context``, ``worker_init_fn``, ``persistent_workers`` and
+    ``snapshot_every_n_steps`` go to it), with ``pin_memory()``, ``to_device()``
+    and what follows them in this process; ``items_per_transfer=K`` items per
+    DataLoader transfer (for small items; order: runs of ``K`` per worker);
+    ``even_batches`` (default: on under ``torch.distributed`` with several
+    ranks): every rank yields as many items, the surplus dropped with a
+    :class:`datapipes.UnevenDataWarning`, so a DDP job never hangs in a
+    collective; ``pin_memory``/``device`` append those steps; ``stats`` and
+    ``progress``; ``dispatch="dynamic"`` hands out units of ``dispatch_unit_items``
+    on demand through ``store`` (:mod:`datapipes.dispatch`), and
+    ``dispatch_lease_seconds`` lets finished ranks take over a stalled rank's
+    units (:mod:`datapipes.takeover`).
     """
 
     def __init__(
@@ -175,7 +97,7 @@ class Loader:
         items_per_transfer: int = 1,
         **dataloader_options: Any,
     ) -> None:
-        _check_arguments(pipe, num_workers, dataloader_options)
+        check_arguments(pipe, num_workers, dataloader_options)
         self.items_per_transfer = check_items_per_transfer(items_per_transfer, num_workers)
         if items_per_transfer > 1 and dispatch_lease_seconds is not None:
             raise ValueError(
@@ -214,26 +136,15 @@ class Loader:
             items_per_transfer=self.items_per_transfer,
         )
         self._even = EvenBatchesPolicy(even_batches, pipe, self.topology, num_workers, self.seed)
-        # Dynamic dispatch (datapipes.dispatch): each epoch's units claimed through a store.
-        self._dispatch: DynamicDispatch | None = None
-        if dispatch == "dynamic":
-            self._dispatch = DynamicDispatch(
-                pipe, self.topology, num_workers, self.seed,
-                store=store, unit_items=dispatch_unit_items,
-            )  # fmt: skip
-            if not num_workers:  # this process is the rank's one consumer: it claims here
-                placeholder = DispatchSpec(None, "", -1, 1, 1)
-                self._context.work = Dispatcher(placeholder, self.topology.rank)
-        elif store is not None or dispatch_lease_seconds is not None:
-            which = "store=" if store is not None else "dispatch_lease_seconds="
-            raise ValueError(f"{which} is for dispatch='dynamic'; static dealing has no claims")
-        self._takeovers: Takeovers | None = None
-        if dispatch_lease_seconds is not None:
-            check_lease_seconds(dispatch_lease_seconds, even_batches)
-            if self.world_size > 1:  # with one rank there is nobody to take over
-                self._takeovers = Takeovers(self._takeover_host(), float(dispatch_lease_seconds))
-                assert self._dispatch is not None
-                self._dispatch.fenced = True
+        # Dynamic dispatch (datapipes.dispatch) and its leases (datapipes.takeover).
+        self._dispatch, self._takeovers = make_dispatch(
+            pipe, self.topology, num_workers, self.seed,
+            dispatch=dispatch, store=store, unit_items=dispatch_unit_items,
+            lease_seconds=dispatch_lease_seconds, even_batches=even_batches,
+            host=self._takeover_host,
+        )  # fmt: skip
+        if self._dispatch is not None and not num_workers:
+            self._context.work = placeholder_dispatcher(self.rank)  # it claims in this process
         # Listed once, at the first build; by rank 0 for all when the ranks iterate together.
         self._listings = JobListings(pipe, self._even.group)
         self._cursor = EpochCursor()
@@ -382,91 +293,6 @@ class Loader:
             self._stats.keep(root, run.epoch)
             self._root = None  # the next epoch builds a new graph
         self._cursor.finish(run)
-
-    def stats(self) -> PipelineStats:
-        """Per-step statistics of the current (or last) epoch; ``print()`` it for a table.
-
-        Needs ``Loader(..., stats=True)``. For every step: items, time in its
-        own work, time waiting on its input, bad records skipped; steps in the
-        DataLoader workers report the workers' sums (with their time divided
-        by the number of workers), as of their last snapshot mid-epoch and in
-        full after the epoch. The table names the slowest step and how long
-        the training loop waited for data. Counts are exact; times are exact
-        for the first 256 items of an epoch and then estimated from one item
-        in 16, which keeps the cost at about 0.06-0.1 us per item per step
-        (``benchmarks/compare.py`` has a row with statistics on).
-        """
-        if not self.collects_stats:
-            raise RuntimeError(
-                "statistics are off for this Loader: make it with dp.Loader(..., stats=True)"
-            )
-        report = self._stats.report(self._root, self._cursor.last)
-        if self._takeovers is not None:
-            report.leases = self._takeovers.report()
-        return report
-
-    def skipped(self) -> dict[str, int]:
-        """Skips so far in this epoch, per step with ``on_error="skip"``.
-
-        A skip is a bad record, or a file (or the rest of one) that could not
-        be read: each counts one here, whatever the file held; :meth:`losses`
-        says what the lost files and ranges held. Keys are the steps (as in
-        the recipe's ``repr``); counts survive a checkpoint and resume, and
-        start again at 0 with each epoch.
-
-        >>> import datapipes as dp
-        >>> loader = dp.Loader(dp.from_sequence([{"cls": b"1"}, {"cls": b"x"}])
-        ...                    .decode(on_error="skip"))
-        >>> import warnings; warnings.simplefilter("ignore")
-        >>> list(loader), loader.skipped()
-        ([{'cls': 1}], {"dp.from_sequence(<list of 2>).decode(on_error='skip')": 1})
-        """
-        return worker_skip_counts(self._root)
-
-    def losses(self) -> dict[str, dict[str, int]]:
-        """What the skips of this epoch lost, per step with ``on_error="skip"``.
-
-        ``{"records": n, "files": n, "ranges": n, "bytes": n}``: ``records``
-        the bad records plus the records a lost file or range is known to
-        have held (the rows of a ``.npy``, from its header), a lower bound
-        where ``files`` or ``ranges`` is not 0; ``files`` the files that could
-        not be read at all (missing, failing after retries); ``ranges`` the
-        files lost from an offset to their end (truncated, damaged, corrupt
-        compressed data); ``bytes`` the stored bytes of those files and ranges
-        that were not read, where known. Survives a checkpoint and resume.
-
-        >>> import datapipes as dp, warnings; warnings.simplefilter("ignore")
-        >>> loader = dp.Loader(dp.files(["missing.jsonl"]).read_jsonl(on_error="skip"))
-        >>> list(loader), loader.skipped(), loader.losses()  # doctest: +ELLIPSIS
-        ([], {...: 1}, {...: {'records': 0, 'files': 1, 'ranges': 0, 'bytes': 0}})
-        """
-        return worker_loss_counts(self._root)
-
-    def dropped(self) -> dict[str, int]:
-        """Items dropped at the end of the current (or last) epoch, per step that drops.
-
-        ``batch(..., drop_last=True)`` drops each consumer's short last batch
-        (after a resume on another topology, each new consumer's), and
-        ``even_batches`` drops what a rank has beyond the others (it also warns,
-        :class:`datapipes.UnevenDataWarning`). Counted here so that nothing is
-        left out silently; keys are ``"batch(32, drop_last=True)"`` and
-        ``"even_batches (Loader)"``. A checkpoint carries the counts that are
-        final (a rank's, once its epoch ended; a DataLoader worker's that had
-        ended its share): after a resume on another topology, rank 0 reports
-        what the saved job dropped of the epoch, so the new ranks' counts add
-        up to every item the epoch left out.
-
-        >>> import datapipes as dp
-        >>> loader = dp.Loader(dp.range(10).batch(4, drop_last=True))
-        >>> len(list(loader)), loader.dropped()
-        (2, {'batch(4, drop_last=True)': 2})
-        """
-        if self._root is None and self._closed_drops is not None:  # closed since: as it was
-            epoch, counts = self._closed_drops
-            if epoch == self._cursor.last:
-                return self._drops.report(dict(counts), epoch, True)
-        built = self._root is not None
-        return self._drops.report(worker_drop_counts(self._root), self._cursor.last, built)
 
     def close(self) -> None:
         """Stop background threads and release resources; the Loader can be iterated again.
@@ -626,9 +452,7 @@ class Loader:
         finally:
             root.close()
 
-    def _takeover_host(self) -> TakeoverHost:
-        assert self._dispatch is not None
-        dispatch = self._dispatch
+    def _takeover_host(self, dispatch: DynamicDispatch) -> TakeoverHost:
         return TakeoverHost(
             pipe=self.pipe,
             fingerprint=self._fingerprint,
@@ -637,21 +461,7 @@ class Loader:
             rank=self.rank,
             client=lambda: dispatch.client,
             state=self.state_dict,
-            start_state=self._state_for,
+            epoch=lambda: self._cursor.epoch,
+            record=dispatch.record,
             listings=lambda: self._listings.get(self._context),
-        )
-
-    def _state_for(self, rank: int) -> dict[str, Any]:
-        """A state of this job at the start of the running epoch, with ``rank``'s entry (a
-        rank taken over before it published its own, see datapipes.takeover)."""
-        assert self._dispatch is not None
-        epoch = self._cursor.epoch
-        return rank_state(
-            fingerprint=self._fingerprint,
-            steps=self._steps,
-            setup=self.setup,
-            rank=rank,
-            epoch=epoch,
-            node=None,
-            dispatch=self._dispatch.record(epoch, self.setup.consumers_of(rank)),
         )

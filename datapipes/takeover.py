@@ -2,9 +2,9 @@
 
 ``dp.Loader(..., dispatch="dynamic", dispatch_lease_seconds=s)`` gives every
 rank a lease on what it claimed (:mod:`nodes.dispatch.lease`): its position is
-written ahead of each item it delivers, and its claims are fenced (a rank's
+written ahead of each item it delivers, and its claims can be sealed (a rank's
 consumers claim through one list that a taker seals, see
-:func:`nodes.dispatch.dispatcher.fenced_claim`). A rank that has delivered
+:func:`nodes.dispatch.dispatcher.sealable_claim`). A rank that has delivered
 everything it claimed does not end its epoch at once: it waits until every
 other rank is done too. A lease that stays the same for ``s`` seconds is
 stale: the waiting rank takes it over (``compare_set``, so only one does),
@@ -35,7 +35,7 @@ from datapipes.resume import JobSetup, claimed_work, parse_state, rank_state
 from datapipes.resume.write import dispatch_record
 from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
-from nodes.dispatch.dispatcher import claims_in, pointer_key, seal
+from nodes.dispatch.dispatcher import claim_list_key, claims_in, seal
 from nodes.dispatch.lease import DONE, TAKEN, Lease, LeaseLost, LeaseWatch, lease_key
 from nodes.errors import InvalidStateError
 
@@ -89,7 +89,7 @@ def taken_work(
     consumers = parsed.setup.consumers_of(rank)
     claims: dict[int, dict[str, list[int]]] = {c: {} for c in consumers}
     for place in {place for units in entry.dispatch.claims.values() for place in units}:
-        entries = seal(client, pointer_key(entry.dispatch.key, place), rank)
+        entries = seal(client, claim_list_key(entry.dispatch.key, place), rank)
         for consumer in consumers:
             claims[consumer][place] = claims_in(entries, consumer)
     return claimed_work(pipe, parsed, rank, since, listings, claims=claims)
@@ -108,8 +108,10 @@ class TakeoverHost:
     client: Callable[[], Any]
     #: Its ``state_dict()`` now.
     state: Callable[[], dict[str, Any]]
-    #: A state of the job at the start of the running epoch with ``rank``'s entry.
-    start_state: Callable[[int], dict[str, Any]]
+    #: The epoch that runs.
+    epoch: Callable[[], int]
+    #: Its dispatch record of an epoch for some consumers (``DynamicDispatch.record``).
+    record: Callable[[int, Iterable[int]], dict[str, Any] | None]
     #: The job's file listings.
     listings: Callable[[], Any]
 
@@ -246,7 +248,7 @@ class Takeovers:
         number = old.get("state", -1)
         text = watch.state_text(rank, number) if number >= 0 else None
         if text is None:  # it never published a position: it delivered nothing this epoch
-            state = loader.start_state(rank)
+            state = self._start_state(rank)
             since = 0
         else:
             try:
@@ -257,6 +259,21 @@ class Takeovers:
                 ) from error
             since = int(old.get("since", 0))
         return taken_work(loader.pipe, state, rank, since, self.client, loader.listings())
+
+    def _start_state(self, rank: int) -> dict[str, Any]:
+        """A state of the job at the start of the running epoch with ``rank``'s entry (a
+        rank taken over before it published its own)."""
+        host = self.loader
+        setup, epoch = host.setup(), host.epoch()
+        return rank_state(
+            fingerprint=host.fingerprint,
+            steps=host.steps,
+            setup=setup,
+            rank=rank,
+            epoch=epoch,
+            node=None,
+            dispatch=host.record(epoch, setup.consumers_of(rank)),
+        )
 
     def _phase(self, spec: DispatchSpec, taken: int, value: dict[str, Any]) -> Iterator[Any]:
         """Read (with the other waiting ranks) the units of ``taken``'s takeover phase."""
@@ -279,7 +296,7 @@ class Takeovers:
         setup = dataclasses.replace(loader.setup(), num_workers=0, items_per_transfer=1)
         phase = DispatchSpec(
             self.client, f"{spec.key}/x{taken}", spec.epoch, setup.world_size,
-            spec.unit_items, work, fenced_per_rank=1,
+            spec.unit_items, work, sealable_per_rank=1,
         )  # fmt: skip
         work_here = Dispatcher(phase, loader.rank)
         ctx = setup.context(loader.rank, 0, spec.epoch, listings=loader.listings(), work=work_here)

@@ -25,7 +25,7 @@ from test_distributed import child_env, torchrun_may_fail, write_data
 import datapipes as dp
 from datapipes.dispatch import private_file_store
 from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError
-from nodes.dispatch.dispatcher import claimants, claims_in, fenced_claim
+from nodes.dispatch.dispatcher import claimants, claims_in, sealable_claim
 from nodes.dispatch.lease import lease_key
 from nodes.dispatch.store import StoreClient
 
@@ -192,14 +192,14 @@ def test_lease_arguments_are_checked(options: dict[str, Any], message: str) -> N
 
 def test_a_sealed_rank_claims_nothing_more() -> None:
     client = StoreClient(private_file_store(), 10)
-    assert [fenced_claim(client, "k", consumer, consumer // 2) for consumer in (0, 2, 1)] == [
+    assert [sealable_claim(client, "k", consumer, consumer // 2) for consumer in (0, 2, 1)] == [
         0,
         1,
         2,
     ]
     client.compare_set("k", "0,2,1,", "0,2,1,S0,")
-    assert fenced_claim(client, "k", 1, 0) is None  # consumer 1 is rank 0's: sealed
-    assert fenced_claim(client, "k", 3, 1) == 3
+    assert sealable_claim(client, "k", 1, 0) is None  # consumer 1 is rank 0's: sealed
+    assert sealable_claim(client, "k", 3, 1) == 3
     entries = claimants(client.get_or_none("k"))
     assert entries == ["0", "2", "1", "S0", "3"]
     assert claims_in(entries, 1) == [2] and claims_in(entries, 3) == [3]

@@ -414,8 +414,7 @@ def test_stats_off_means_no_dispatch_rows():
     spec = DispatchSpec(None, "k", 0, 1, UNIT, epoch_work(pipe, Context(seed=SEED)))
     for stats in (False, True):
         ctx = Context(seed=SEED, stats=stats)
-        ctx.dispatch = ctx.plans = Dispatcher(spec, 0, recorded={})
-        ctx.plans_epoch = 0
+        ctx.work = Dispatcher(spec, 0, recorded={})
         rows = graph_stats(pipe.build(ctx))
         assert [("dispatch" in row) for row in rows] == ([] if not stats else [True, False])
     loader = loaders(pipe, world_size=1, stats=False)[0]

@@ -43,8 +43,9 @@ class DispatchSpec:
     consumers: int
     unit_items: int
     work: Work = field(default_factory=dict)
-    #: Consumers per rank when leases fence the claims (see :func:`fenced_claim`), else 0.
-    fenced_per_rank: int = 0
+    #: Consumers per rank when claims go through lists a taker can seal (leases, see
+    #: :func:`sealable_claim`), else 0: claims are one ``add`` on a counter.
+    sealable_per_rank: int = 0
     _units: dict[str, list[list[Piece]]] = field(default_factory=dict, repr=False, compare=False)
 
     def units(self, place: str) -> list[list[Piece]]:
@@ -69,23 +70,29 @@ def claims_key(key: str, place: str, consumer: int) -> str:
     return f"{key}/claims/{place}/{consumer}"
 
 
-def pointer_key(key: str, place: str) -> str:
+def counter_key(key: str, place: str) -> str:
+    """The store key whose ``add`` hands out ``place``'s next unit (claims without leases)."""
     return f"{key}/next/{place}"
 
 
-#: A fenced claim list's entry that seals a rank: no consumer of it claims after it.
+def claim_list_key(key: str, place: str) -> str:
+    """The store key of ``place``'s sealable claim list (claims under leases)."""
+    return f"{key}/list/{place}"
+
+
+#: A sealable claim list's entry that seals a rank: no consumer of it claims after it.
 SEAL = "S"
 
 
 def claimants(raw: bytes | str | None) -> list[str]:
-    """The entries of a fenced claim list: consumer ids (the i-th claimed unit i) and
+    """The entries of a sealable claim list: consumer ids (the i-th claimed unit i) and
     seals ``"S<rank>"`` (which claim nothing)."""
     text = raw.decode() if isinstance(raw, bytes) else (raw or "")
     return [entry for entry in text.split(",") if entry]
 
 
 def claims_in(entries: list[str], consumer: int) -> list[int]:
-    """The units ``consumer`` claimed in a fenced claim list (seals take no unit)."""
+    """The units ``consumer`` claimed in a sealable claim list (seals take no unit)."""
     units, unit = [], 0
     for entry in entries:
         if entry.startswith(SEAL):
@@ -97,7 +104,7 @@ def claims_in(entries: list[str], consumer: int) -> list[int]:
 
 
 def append_unless_sealed(client: StoreClient, key: str, entry: str, rank: int) -> list[str] | None:
-    """Append ``entry`` to the fenced claim list ``key`` unless the list seals ``rank``:
+    """Append ``entry`` to the sealable claim list ``key`` unless the list seals ``rank``:
     the entries it had before, or ``None`` (sealed). One ``compare_set`` both writes and
     checks, retried while other consumers append first."""
     seal = f"{SEAL}{rank}"
@@ -113,8 +120,8 @@ def append_unless_sealed(client: StoreClient, key: str, entry: str, rank: int) -
         current = now
 
 
-def fenced_claim(client: StoreClient, key: str, consumer: int, rank: int) -> int | None:
-    """Claim the next unit in a fenced claim list: append this consumer (the number of
+def sealable_claim(client: StoreClient, key: str, consumer: int, rank: int) -> int | None:
+    """Claim the next unit in a sealable claim list: append this consumer (the number of
     units claimed before is its unit), or ``None`` when the list seals ``rank``. So a
     consumer of a rank whose lease was taken over can never claim a unit its taker did
     not see."""
@@ -123,7 +130,7 @@ def fenced_claim(client: StoreClient, key: str, consumer: int, rank: int) -> int
 
 
 def seal(client: StoreClient, key: str, rank: int) -> list[str]:
-    """Seal ``rank``'s claims on the fenced claim list ``key``; the list's entries then."""
+    """Seal ``rank``'s claims on the sealable claim list ``key``; the list's entries then."""
     append_unless_sealed(client, key, f"{SEAL}{rank}", rank)
     return claimants(client.get_or_none(key))
 
@@ -193,13 +200,14 @@ class Dispatcher(ConsumerWork):
         client = self.spec.client
         assert client is not None
         started = perf_counter()
-        pointer = pointer_key(self.spec.key, place)
-        if self.spec.fenced_per_rank:
-            rank = self.consumer // self.spec.fenced_per_rank
-            fenced = fenced_claim(client, pointer, self.consumer, rank)
-            unit = count if fenced is None else fenced  # sealed: this rank claims no more
+        if self.spec.sealable_per_rank:
+            rank = self.consumer // self.spec.sealable_per_rank
+            listed = sealable_claim(
+                client, claim_list_key(self.spec.key, place), self.consumer, rank
+            )
+            unit = count if listed is None else listed  # sealed: this rank claims no more
         else:
-            unit = client.add(pointer, 1) - 1
+            unit = client.add(counter_key(self.spec.key, place), 1) - 1
         if unit < count:  # recorded before it is read: a checkpoint finds it
             client.append(claims_key(self.spec.key, place, self.consumer), f"{unit},")
             self.claimed[place] = self.claimed.get(place, 0) + 1
