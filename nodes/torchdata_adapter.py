@@ -1,26 +1,35 @@
-"""Every use of torchdata's private ``StatefulDataLoader`` internals, in one place.
+"""Every use of the private names of torch's DataLoader and torchdata, in one place.
 
-torchdata offers no public API for what the workers' node needs, so this module
-reads private attributes, and nothing else in datapipes or nodes does:
+torch and torchdata offer no public API for what the workers' node needs, so this
+module reads private names, and nothing else in datapipes or nodes does (torch's
+other private names are in :mod:`nodes.torch_adapter`):
 
 - in a ``StatefulDataLoader.state_dict()`` (with workers): ``"_snapshot"`` holding
   ``"_worker_snapshots"`` (per ``"worker_<id>"``: ``"worker_id"``,
-  ``"dataset_state"``), ``"_snapshot_step"``, ``"_last_yielded_worker_id"`` and
-  ``"_main_snapshot"`` (``"_num_workers"``), beside ``"_steps_since_snapshot"``
-  and ``"_iterator_finished"``;
-- on the multi-process iterator: ``_worker_snapshots`` (the latest state each
-  worker sent, objects with ``get_state()``), ``_workers`` (the processes),
-  ``_shutdown_workers()``, ``_try_get_data`` (where it waits for data) and
-  ``_worker_pids_set``;
+  ``"dataset_state"``, ``"fetcher_state"``), ``"_snapshot_step"``,
+  ``"_last_yielded_worker_id"`` and ``"_main_snapshot"`` (``"_num_workers"``,
+  the sampler keys of :data:`_MAIN_KEYS`), beside ``"_steps_since_snapshot"`` and
+  ``"_iterator_finished"``: reading, moving and checking a saved position;
+- on the multi-process iterator
+  (``torchdata.stateful_dataloader.stateful_dataloader._StatefulMultiProcessingDataLoaderIter``):
+  ``_worker_snapshots`` (the latest state each worker sent, objects with
+  ``get_state()``), ``_workers`` (the processes), ``_shutdown_workers()``,
+  ``_try_get_data`` (where it waits for data) and ``_worker_pids_set``: the
+  workers' states between snapshots, stopping them, reporting their deaths;
 - torch's SIGCHLD handling (``torch.utils.data._utils.signal_handling``:
   ``_set_SIGCHLD_handler``, ``_remove_worker_pids``), so that a worker's death
   is reported from the node's own ``next()`` (see ``watch_deaths``);
 - in a worker, ``torchdata.stateful_dataloader.worker.ManagerWatchdog`` (its
-  ``manager_pid``), the worker's watch on the main process.
+  ``manager_pid``), the worker's watch on the main process (``the_main_process_is``);
+- ``torch.utils.data._utils.worker._worker_info``, what ``get_worker_info()``
+  answers, set while a dataset starts (:func:`set_worker_info`), and its class
+  ``WorkerInfo``, which has no public import path (re-exported here);
+- ``torch.UntypedStorage._new_shared``: a batch allocated in shared memory, as
+  torch's own ``default_collate`` does in a worker (:func:`new_shared_storage`).
 
 Checked against torchdata 0.11.0 (with torch 2.6 to 2.13). ``tests/test_torchdata_adapter.py``
 runs a real ``StatefulDataLoader`` with two workers and fails, naming the
-attribute, when a torchdata release changes any of them; update this module then.
+attribute, when a torch or torchdata release changes any of them; update this module then.
 """
 
 from __future__ import annotations
@@ -31,6 +40,10 @@ import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import torch
+from torch.utils.data._utils import worker as _torch_worker
+from torch.utils.data._utils.worker import WorkerInfo  # re-exported: no public import path
 
 #: Keys of a StatefulDataLoader state (torchdata's private names).
 SNAPSHOT = "_snapshot"
@@ -329,3 +342,17 @@ def the_main_process_is(pid: int) -> None:
             self.manager_pid = pid
 
     worker.ManagerWatchdog = WatchRecordedParent
+
+
+# ----- what get_worker_info() answers, and shared memory ------------------------------------
+
+
+def set_worker_info(info: WorkerInfo | None) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer ``info`` in this process from now on
+    (``None``: as in the main process). Read the current answer with ``get_worker_info()``."""
+    _torch_worker._worker_info = info
+
+
+def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """``nbytes`` of shared memory, which a worker sends to the main process as they are."""
+    return torch.UntypedStorage._new_shared(nbytes)
