@@ -8,8 +8,10 @@ other private names are in :mod:`nodes.torch_adapter`):
   ``"_worker_snapshots"`` (per ``"worker_<id>"``: ``"worker_id"``,
   ``"dataset_state"``, ``"fetcher_state"``), ``"_snapshot_step"``,
   ``"_last_yielded_worker_id"`` and ``"_main_snapshot"`` (``"_num_workers"``,
-  the sampler keys of :data:`_MAIN_KEYS`), beside ``"_steps_since_snapshot"`` and
-  ``"_iterator_finished"``: reading, moving and checking a saved position;
+  ``"_sampler_iter_state"``, ``"_index_sampler_state"``, ``"_sampler_iter_yielded"``,
+  ``"_IterableDataset_len_called"``, ``"_shared_seed"``, ``"_base_seed"``), beside
+  ``"_steps_since_snapshot"`` and ``"_iterator_finished"``: reading, moving and
+  checking a saved position;
 - on the multi-process iterator
   (``torchdata.stateful_dataloader.stateful_dataloader._StatefulMultiProcessingDataLoaderIter``):
   ``_worker_snapshots`` (the latest state each worker sent, objects with
@@ -59,7 +61,7 @@ DATASET_STATE = "dataset_state"
 FETCHER_STATE = "fetcher_state"
 
 
-def _worker_snapshots(state: Any) -> dict[str, Any] | None:
+def _snapshots_of_workers(state: Any) -> dict[str, Any] | None:
     snapshot = state.get(SNAPSHOT) if isinstance(state, dict) else None
     workers = snapshot.get(WORKER_SNAPSHOTS) if isinstance(snapshot, dict) else None
     return workers if isinstance(workers, dict) else None
@@ -71,7 +73,7 @@ def worker_dataset_states(state: Any) -> list[tuple[int, dict[str, Any]]]:
     A worker that has sent no state yet has ``{}``. A state without workers gives ``[]``.
     """
     found = []
-    for name, worker in (_worker_snapshots(state) or {}).items():
+    for name, worker in (_snapshots_of_workers(state) or {}).items():
         worker = worker if isinstance(worker, dict) else {}
         try:
             worker_id = int(worker.get(WORKER_ID, str(name).rsplit("_", 1)[-1]))
@@ -84,7 +86,7 @@ def worker_dataset_states(state: Any) -> list[tuple[int, dict[str, Any]]]:
 def map_dataset_states(state: dict[str, Any], fn: Callable[[Any], Any]) -> dict[str, Any]:
     """A copy of a StatefulDataLoader state with each worker's dataset state replaced by
     ``fn(dataset state)``; a state of another layout comes back unchanged."""
-    workers = _worker_snapshots(state)
+    workers = _snapshots_of_workers(state)
     if workers is None:
         return state
     mapped = {}
@@ -104,7 +106,7 @@ def snapshot_summary(state: dict[str, Any]) -> dict[str, Any]:
     ``num_workers`` and ``finished`` (the iterator had ended).
     """
     snapshot = state.get(SNAPSHOT) or {}
-    workers = _worker_snapshots(state) or {}
+    workers = _snapshots_of_workers(state) or {}
     main = snapshot.get(MAIN_SNAPSHOT) or {}
     last = snapshot.get(LAST_YIELDED_WORKER_ID)
     return {
