@@ -114,9 +114,9 @@ class DynamicDispatch:
         the one the store passed was made with; a store of our own: 60 s), never changed:
         under torch.distributed it is the process group's too."""
         if store is None and dist.is_available() and dist.is_initialized():
-            from torch.distributed.distributed_c10d import _get_default_store
+            from nodes.torch_adapter import default_store
 
-            store = _get_default_store()
+            store = default_store()
         if store is None:
             if topology.world_size > 1:
                 raise ValueError(

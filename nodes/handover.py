@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from nodes.torchdata_adapter import new_shared_storage
+
 #: Tensors up to this size travel from a worker inside the pickled item. Larger ones
 #: go through shared memory, as torch sends every tensor: a file descriptor passed over
 #: a socket and a mapping on each side, which costs more than copying small data.
@@ -161,7 +163,7 @@ def shared_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | N
     if not wants_shared_batch(nbytes):
         return None  # in the main process nothing crosses: ordinary memory is cheaper
     global _live_shared_batches
-    storage = torch.UntypedStorage._new_shared(nbytes)
+    storage = new_shared_storage(nbytes)
     batch = torch.empty(0, dtype=dtype).set_(storage, 0, shape)
     _live_shared_batches += 1
     weakref.finalize(batch, _shared_batch_freed)  # sent or dropped: another may be made

@@ -1,7 +1,8 @@
 """Hugging Face ``IterableDataset``: each consumer's part, split the way HF splits it.
 
-Found by duck typing (HF's module name and the attributes used here), so
-``datasets`` is never imported by datapipes itself.
+Found by duck typing (HF's module name and the private attributes that
+:mod:`nodes.third_party_adapter` reads), so ``datasets`` is never imported by
+datapipes itself.
 
 Consumer ``c`` of ``C`` reads ``split_dataset_by_node(ds, rank=c, world_size=C)``:
 with at least ``C`` shards, whole shards (shard ``i`` goes to consumer ``i % C``,
@@ -13,10 +14,15 @@ hidden, so HF does not split it a second time inside a DataLoader worker.
 
 from __future__ import annotations
 
-import builtins
 from typing import Any
 
 from nodes.base import Context
+from nodes.third_party_adapter import (
+    hf_buffer_shuffle_size,
+    hf_example_iterables,
+    hf_split,
+    is_hf_like,
+)
 
 
 def is_hf_iterable(source: Any) -> bool:
@@ -24,24 +30,19 @@ def is_hf_iterable(source: Any) -> bool:
     return (
         type(source).__module__.startswith("datasets.")
         and hasattr(source, "n_shards")
-        and hasattr(source, "_ex_iterable")
-        and hasattr(source, "_distributed")
+        and is_hf_like(source)
     )
 
 
 def hf_shuffle_buffer(source: Any) -> int | None:
     """The buffer size of a Hugging Face ``IterableDataset``'s ``.shuffle()``, else ``None``.
 
-    Read off the chain of example iterables HF keeps (``_ex_iterable``, each wrapping the next
-    as ``ex_iterable``), without importing ``datasets``.
+    Read off the chain of example iterables HF keeps, without importing ``datasets``.
     """
-    node = getattr(source, "_ex_iterable", None)
-    for _ in builtins.range(64):  # a chain, never a cycle; bounded all the same
-        if node is None:
-            return None
-        if type(node).__name__ == "BufferShuffledExamplesIterable":
-            return int(getattr(node, "buffer_size", 0)) or None
-        node = getattr(node, "ex_iterable", None)
+    for node in hf_example_iterables(source):
+        size = hf_buffer_shuffle_size(node)
+        if size is not None:
+            return size
     return None
 
 
@@ -55,7 +56,7 @@ def hf_part(source: Any, ctx: Context) -> Any:
     from datasets.distributed import split_dataset_by_node  # the source is HF's: installed
 
     consumer, consumers = ctx.consumer_index, ctx.num_consumers
-    split = source._distributed
+    split = hf_split(source)
     if split is not None:
         parent = ctx.shard_ctx  # set when a .shard() splits the stream later
         ranks = ctx.world_size if parent is None else parent.world_size

@@ -1,26 +1,37 @@
-"""Every use of torchdata's private ``StatefulDataLoader`` internals, in one place.
+"""Every use of the private names of torch's DataLoader and torchdata, in one place.
 
-torchdata offers no public API for what the workers' node needs, so this module
-reads private attributes, and nothing else in datapipes or nodes does:
+torch and torchdata offer no public API for what the workers' node needs, so this
+module reads private names, and nothing else in datapipes or nodes does (torch's
+other private names are in :mod:`nodes.torch_adapter`):
 
 - in a ``StatefulDataLoader.state_dict()`` (with workers): ``"_snapshot"`` holding
   ``"_worker_snapshots"`` (per ``"worker_<id>"``: ``"worker_id"``,
-  ``"dataset_state"``), ``"_snapshot_step"``, ``"_last_yielded_worker_id"`` and
-  ``"_main_snapshot"`` (``"_num_workers"``), beside ``"_steps_since_snapshot"``
-  and ``"_iterator_finished"``;
-- on the multi-process iterator: ``_worker_snapshots`` (the latest state each
-  worker sent, objects with ``get_state()``), ``_workers`` (the processes),
-  ``_shutdown_workers()``, ``_try_get_data`` (where it waits for data) and
-  ``_worker_pids_set``;
+  ``"dataset_state"``, ``"fetcher_state"``), ``"_snapshot_step"``,
+  ``"_last_yielded_worker_id"`` and ``"_main_snapshot"`` (``"_num_workers"``,
+  ``"_sampler_iter_state"``, ``"_index_sampler_state"``, ``"_sampler_iter_yielded"``,
+  ``"_IterableDataset_len_called"``, ``"_shared_seed"``, ``"_base_seed"``), beside
+  ``"_steps_since_snapshot"`` and ``"_iterator_finished"``: reading, moving and
+  checking a saved position;
+- on the multi-process iterator
+  (``torchdata.stateful_dataloader.stateful_dataloader._StatefulMultiProcessingDataLoaderIter``):
+  ``_worker_snapshots`` (the latest state each worker sent, objects with
+  ``get_state()``), ``_workers`` (the processes), ``_shutdown_workers()``,
+  ``_try_get_data`` (where it waits for data) and ``_worker_pids_set``: the
+  workers' states between snapshots, stopping them, reporting their deaths;
 - torch's SIGCHLD handling (``torch.utils.data._utils.signal_handling``:
   ``_set_SIGCHLD_handler``, ``_remove_worker_pids``), so that a worker's death
   is reported from the node's own ``next()`` (see ``watch_deaths``);
 - in a worker, ``torchdata.stateful_dataloader.worker.ManagerWatchdog`` (its
-  ``manager_pid``), the worker's watch on the main process.
+  ``manager_pid``), the worker's watch on the main process (``the_main_process_is``);
+- ``torch.utils.data._utils.worker._worker_info``, what ``get_worker_info()``
+  answers, set while a dataset starts (:func:`set_worker_info`), and its class
+  ``WorkerInfo``, which has no public import path (re-exported here);
+- ``torch.UntypedStorage._new_shared``: a batch allocated in shared memory, as
+  torch's own ``default_collate`` does in a worker (:func:`new_shared_storage`).
 
 Checked against torchdata 0.11.0 (with torch 2.6 to 2.13). ``tests/test_torchdata_adapter.py``
 runs a real ``StatefulDataLoader`` with two workers and fails, naming the
-attribute, when a torchdata release changes any of them; update this module then.
+attribute, when a torch or torchdata release changes any of them; update this module then.
 """
 
 from __future__ import annotations
@@ -31,6 +42,10 @@ import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import torch
+from torch.utils.data._utils import worker as _torch_worker
+from torch.utils.data._utils.worker import WorkerInfo  # re-exported: no public import path
 
 #: Keys of a StatefulDataLoader state (torchdata's private names).
 SNAPSHOT = "_snapshot"
@@ -46,7 +61,7 @@ DATASET_STATE = "dataset_state"
 FETCHER_STATE = "fetcher_state"
 
 
-def _worker_snapshots(state: Any) -> dict[str, Any] | None:
+def _snapshots_of_workers(state: Any) -> dict[str, Any] | None:
     snapshot = state.get(SNAPSHOT) if isinstance(state, dict) else None
     workers = snapshot.get(WORKER_SNAPSHOTS) if isinstance(snapshot, dict) else None
     return workers if isinstance(workers, dict) else None
@@ -58,7 +73,7 @@ def worker_dataset_states(state: Any) -> list[tuple[int, dict[str, Any]]]:
     A worker that has sent no state yet has ``{}``. A state without workers gives ``[]``.
     """
     found = []
-    for name, worker in (_worker_snapshots(state) or {}).items():
+    for name, worker in (_snapshots_of_workers(state) or {}).items():
         worker = worker if isinstance(worker, dict) else {}
         try:
             worker_id = int(worker.get(WORKER_ID, str(name).rsplit("_", 1)[-1]))
@@ -71,7 +86,7 @@ def worker_dataset_states(state: Any) -> list[tuple[int, dict[str, Any]]]:
 def map_dataset_states(state: dict[str, Any], fn: Callable[[Any], Any]) -> dict[str, Any]:
     """A copy of a StatefulDataLoader state with each worker's dataset state replaced by
     ``fn(dataset state)``; a state of another layout comes back unchanged."""
-    workers = _worker_snapshots(state)
+    workers = _snapshots_of_workers(state)
     if workers is None:
         return state
     mapped = {}
@@ -91,7 +106,7 @@ def snapshot_summary(state: dict[str, Any]) -> dict[str, Any]:
     ``num_workers`` and ``finished`` (the iterator had ended).
     """
     snapshot = state.get(SNAPSHOT) or {}
-    workers = _worker_snapshots(state) or {}
+    workers = _snapshots_of_workers(state) or {}
     main = snapshot.get(MAIN_SNAPSHOT) or {}
     last = snapshot.get(LAST_YIELDED_WORKER_ID)
     return {
@@ -329,3 +344,17 @@ def the_main_process_is(pid: int) -> None:
             self.manager_pid = pid
 
     worker.ManagerWatchdog = WatchRecordedParent
+
+
+# ----- what get_worker_info() answers, and shared memory ------------------------------------
+
+
+def set_worker_info(info: WorkerInfo | None) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer ``info`` in this process from now on
+    (``None``: as in the main process). Read the current answer with ``get_worker_info()``."""
+    _torch_worker._worker_info = info
+
+
+def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """``nbytes`` of shared memory, which a worker sends to the main process as they are."""
+    return torch.UntypedStorage._new_shared(nbytes)

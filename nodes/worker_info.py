@@ -9,9 +9,8 @@ the stream later). So :class:`IterableNode` sets the answer itself while the
 dataset starts: the consumer it runs for (``presented``), or none at all
 (``hidden``: "you are the only reader", torch's answer in the main process).
 
-torch keeps the answer in ``torch.utils.data._utils.worker._worker_info``, read
-by ``get_worker_info()``; that module global is the only private name this
-relies on, and the tests of worker-aware datasets fail if it moves.
+torch keeps the answer in a private module global, set through
+:func:`nodes.torchdata_adapter.set_worker_info` (where it is checked against torch).
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from torch.utils.data._utils import worker as _torch_worker
-from torch.utils.data._utils.worker import WorkerInfo
+from torch.utils.data import get_worker_info
 
 from nodes.base import Context
+from nodes.torchdata_adapter import WorkerInfo, set_worker_info
 
 
 class PresentedWorkerInfo(WorkerInfo):
@@ -60,12 +59,12 @@ def consumer_worker_info(ctx: Context, dataset: Any) -> PresentedWorkerInfo:
 @contextmanager
 def worker_info_as(info: WorkerInfo | None) -> Iterator[None]:
     """Within the block, ``get_worker_info()`` answers ``info`` (``None``: the main process)."""
-    saved = _torch_worker._worker_info
-    _torch_worker._worker_info = info
+    saved = get_worker_info()
+    set_worker_info(info)
     try:
         yield
     finally:
-        _torch_worker._worker_info = saved
+        set_worker_info(saved)
 
 
 def started_with(

@@ -1,9 +1,9 @@
 """nodes/torchdata_adapter.py against a real torchdata ``StatefulDataLoader`` with 2 workers.
 
-The adapter reads torchdata's private attributes and guards every read (a
-missing one gives ``None`` or ``[]``, never a crash mid-epoch), so a torchdata
-release that renames one would silently lose worker states. These tests fail
-instead, naming what changed.
+The adapter reads torch's DataLoader and torchdata's private names and guards every
+read (a missing one gives ``None`` or ``[]``, never a crash mid-epoch), so a release
+that renames one would silently lose worker states. These tests fail instead, naming
+what changed.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from nodes import torchdata_adapter as adapter
+from nodes.errors import InvalidStateError
 
-pytestmark = pytest.mark.slow  # starts DataLoader worker processes
+#: The tests that start DataLoader worker processes.
+slow = pytest.mark.slow
 
 
 def changed(attribute: str) -> str:
-    return f"torchdata changed {attribute}; update nodes/torchdata_adapter.py"
+    return f"torch or torchdata changed {attribute}; update nodes/torchdata_adapter.py"
 
 
 class Counting(torch.utils.data.IterableDataset):
@@ -52,6 +54,7 @@ def loader() -> StatefulDataLoader:
     return StatefulDataLoader(Counting(), batch_size=None, num_workers=2, snapshot_every_n_steps=2)
 
 
+@slow
 def test_a_dataloader_state_has_what_the_adapter_reads():
     dl = loader()
     taken = list(islice(iter(dl), 7))
@@ -86,6 +89,13 @@ def test_a_dataloader_state_has_what_the_adapter_reads():
     assert summary["last_worker"] in (0, 1), changed(f"{adapter.LAST_YIELDED_WORKER_ID!r}")
     assert not summary["finished"]
 
+    try:  # the whole layout, every key included, is what the adapter checks a state against
+        checked = adapter.check_dataloader_state(state, 2, 2, "state")
+    except InvalidStateError as error:
+        pytest.fail(changed(f"the StatefulDataLoader state's layout: {error}"))
+    assert [worker_id for worker_id, _, _ in checked] == [0, 1]
+    assert adapter.fetcher_ended(state, 0) is False, changed(f"{adapter.FETCHER_STATE!r}")
+
     marked = adapter.map_dataset_states(state, lambda dataset: {**dataset, "seen": True})
     assert all(d["seen"] for _, d in adapter.worker_dataset_states(marked))
     assert all("seen" not in d for _, d in adapter.worker_dataset_states(state))  # a copy
@@ -95,6 +105,7 @@ def test_a_dataloader_state_has_what_the_adapter_reads():
     assert sorted(taken + list(resumed)) == list(range(40))
 
 
+@slow
 def test_the_iterator_has_what_the_adapter_reads():
     dl = loader()
     it = iter(dl)
@@ -136,6 +147,7 @@ def test_the_adapter_names_match_torchdatas_own():
         assert getattr(Iterator, constant, None) == ours, changed(constant)
 
 
+@slow
 def test_what_the_death_watch_relies_on_is_still_there():
     """watch_deaths takes a watched iterator's pids out of torch's SIGCHLD registry and
     raises only inside its _try_get_data; the_main_process_is replaces the worker loop's
@@ -196,3 +208,68 @@ def test_a_worker_watches_the_pid_recorded_before_forking():
         assert not watchdog.is_alive()  # its parent is not the recorded pid: "dead"
     finally:
         worker.ManagerWatchdog = original
+
+
+def test_set_worker_info_is_what_get_worker_info_answers():
+    info = adapter.WorkerInfo(id=3, num_workers=5, seed=11, dataset=None)
+    assert torch.utils.data.get_worker_info() is None  # the main process
+    try:
+        adapter.set_worker_info(info)
+        assert torch.utils.data.get_worker_info() is info, changed(
+            "torch.utils.data._utils.worker._worker_info (what get_worker_info() answers)"
+        )
+    finally:
+        adapter.set_worker_info(None)
+    assert torch.utils.data.get_worker_info() is None
+
+
+class ReportsWorkerInfo(torch.utils.data.IterableDataset):
+    """Each worker yields what get_worker_info() answered before and after the adapter set it,
+    and a tensor over the adapter's shared memory."""
+
+    def __iter__(self) -> Any:
+        torchs = torch.utils.data.get_worker_info()
+        adapter.set_worker_info(
+            adapter.WorkerInfo(id=100 + torchs.id, num_workers=1, seed=0, dataset=self)
+        )
+        try:
+            presented = torch.utils.data.get_worker_info().id
+        finally:
+            adapter.set_worker_info(torchs)
+        shared = torch.empty(0, dtype=torch.int64).set_(adapter.new_shared_storage(8 * 4))
+        shared.copy_(torch.arange(4))
+        yield {
+            "torchs": type(torchs),
+            "id": torchs.id,
+            "presented": presented,
+            "restored": torch.utils.data.get_worker_info() is torchs,
+            "shared": shared,
+            "shared_in_worker": shared.is_shared(),
+        }
+
+
+@slow
+def test_a_worker_sees_the_worker_info_the_adapter_sets():
+    got = sorted(
+        StatefulDataLoader(ReportsWorkerInfo(), batch_size=None, num_workers=2),
+        key=lambda item: item["presented"],
+    )
+
+    assert all(item["torchs"] is adapter.WorkerInfo for item in got), changed(
+        "torch.utils.data._utils.worker.WorkerInfo (the class of a worker's info)"
+    )
+    assert [item["id"] for item in got] == [0, 1]
+    assert [item["presented"] for item in got] == [100, 101], changed(
+        "torch.utils.data._utils.worker._worker_info, in a worker"
+    )
+    assert all(item["restored"] for item in got)
+    for item in got:
+        assert item["shared_in_worker"], changed("torch.UntypedStorage._new_shared")
+        assert item["shared"].tolist() == [0, 1, 2, 3]
+
+
+def test_new_shared_storage_is_shared_memory_of_that_size():
+    storage = adapter.new_shared_storage(64)
+
+    assert storage.is_shared(), changed("torch.UntypedStorage._new_shared")
+    assert storage.nbytes() == 64, changed("torch.UntypedStorage._new_shared (its size)")

@@ -10,16 +10,16 @@ place, as a ``"<tensor [shape] dtype, not loaded>"`` string.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from nodes import torch_adapter
 
 
 class CheckpointError(Exception):
@@ -86,11 +86,10 @@ def _first_reason(error: Exception) -> str:
 
 #: Globals a ``.metadata`` pickle may name besides the classes of its metadata module and
 #: torch dtypes; anything else is refused rather than unpickled.
-_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_METADATA_MODULE = torch_adapter.DCP_METADATA_MODULE
 _ALLOWED = {
     ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    *torch_adapter.DCP_METADATA_GLOBALS,
     ("collections", "OrderedDict"),
     ("pathlib", "PosixPath"),
     ("pathlib", "WindowsPath"),
@@ -107,44 +106,12 @@ def read_dcp_entries(path: Path, metadata: Any, keys: set[str] | None = None) ->
     unpickled again here). Each entry is read with ``torch.load(weights_only=True)``, and
     no collective runs, even when a process group is up.
     """
-    # torch.distributed is imported only when a DCP folder is read.
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint._traverse import set_element
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    class NonTensorPlanner(_EmptyStateDictLoadPlanner):
-        """Plans to load only the chosen entries saved as bytes, as plain data."""
-
-        def _should_include_key(self, key: str, md: Any) -> bool:
-            plain = isinstance(md.state_dict_metadata[key], BytesStorageMetadata)
-            return plain and (keys is None or key in keys)
-
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            loaded = torch.load(value, weights_only=True)
-            fqn = read_item.dest_index.fqn
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[fqn], loaded)
-            else:
-                self.state_dict[fqn] = loaded
-
-    class SafeReader(FileSystemReader):
-        """Hands out the metadata read safely instead of unpickling the file again."""
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    state: dict[str, Any] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # DCP's "assuming a single process" notice
-        _load_state_dict(
-            state, storage_reader=SafeReader(path), planner=NonTensorPlanner(), no_dist=True
-        )
-    return state
+    return torch_adapter.load_dcp_entries(
+        path,
+        metadata,
+        include=lambda key: keys is None or key in keys,
+        load=lambda value: torch.load(value, weights_only=True),
+    )
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -169,7 +136,6 @@ def read_dcp(path: Path) -> dict[str, Any]:
 
     Raises :class:`CheckpointError` when ``path`` is not a DCP folder or cannot be read.
     """
-    from torch.distributed.checkpoint._traverse import set_element
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     if not (path / ".metadata").is_file():
@@ -192,5 +158,5 @@ def read_dcp(path: Path) -> dict[str, Any]:
             shape = list(getattr(item, "size", ()))
             dtype = getattr(getattr(item, "properties", None), "dtype", "?")
             text = f"<tensor {shape} {dtype}, not loaded>"
-            set_element(state, planner_data.get(key, (key,)), text)
+            torch_adapter.set_nested(state, planner_data.get(key, (key,)), text)
     return state

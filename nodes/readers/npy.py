@@ -21,13 +21,7 @@ from numpy.lib import format as npformat
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.readers.reader import Cursor, RecordFormat
 from nodes.storage import SourceFile, read_full
-
-# Format 3.0 (utf-8 field names) has no public reader; numpy keeps a private one.
-_read_any_header = getattr(npformat, "_read_array_header", None)
-if _read_any_header is None:  # numpy >= 2 moved it
-    from numpy.lib import _format_impl
-
-    _read_any_header = getattr(_format_impl, "_read_array_header", None)
+from nodes.third_party_adapter import read_npy_header_3_0
 
 
 def read_npy_header(f: Any, url: str) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -39,8 +33,8 @@ def read_npy_header(f: Any, url: str) -> tuple[tuple[int, ...], np.dtype, int]:
             shape, fortran, dtype = npformat.read_array_header_1_0(f)
         elif version == (2, 0):
             shape, fortran, dtype = npformat.read_array_header_2_0(f)
-        elif version == (3, 0) and _read_any_header is not None:
-            shape, fortran, dtype = _read_any_header(f, version)
+        elif version == (3, 0):  # utf-8 field names: numpy has no public reader
+            shape, fortran, dtype = read_npy_header_3_0(f)
         else:
             raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
     except BadRecordError:
