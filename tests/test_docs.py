@@ -126,3 +126,15 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stderr[-4000:]}"
     assert (tmp_path / "reference" / "datapipes" / "index.html").is_file()
     assert "Loader" in (tmp_path / "reference" / "datapipes" / "index.html").read_text("utf-8")
+
+
+def test_api_reference_lists_every_public_name() -> None:
+    import nodes
+
+    reference = (DOCS / "reference").glob("*.md")
+    documented = set(
+        re.findall(r"^::: ([\w.]+)", "\n".join(p.read_text("utf-8") for p in reference), re.M)
+    )
+    public = {f"datapipes.{n}" for n in dp.__all__ if n != "__version__"}
+    public |= {f"nodes.{n}" for n in nodes.__all__} | {"nodes.testing"}
+    assert not public - documented, f"add to docs/reference/: {sorted(public - documented)}"
