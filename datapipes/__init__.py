@@ -19,6 +19,7 @@ from datapipes.stats import PipelineStats, StepStats
 from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
+from datapipes.version import package_version
 from nodes.collate import default_collate, no_collate
 from nodes.dispatch import DispatchStoreError
 from nodes.elastic import ElasticResumeError
@@ -27,7 +28,10 @@ from nodes.even import UnevenDataWarning
 from nodes.random_map import RandomMapError
 from nodes.workers import WorkerDiedError
 
+__version__: str = package_version()
+
 __all__ = [
+    "__version__",
     "BadRecordError",
     "BadRecordWarning",
     "DataPipe",
