@@ -20,14 +20,15 @@ from datapipes.epochs import EpochCursor, EpochRun
 from datapipes.even_batches import NO_GROUP, EvenBatchesPolicy
 from datapipes.listings import JobListings
 from datapipes.loader_arguments import InexactResumeWarning, check_arguments
+from datapipes.loader_checkpoints import LoaderCheckpoints
 from datapipes.loader_dispatch import make_dispatch, placeholder_dispatcher
 from datapipes.loader_reports import LoaderReports
 from datapipes.loader_stats import LoaderStats
 from datapipes.pipe import DataPipe
 from datapipes.progress import ProgressBar, progress_bar_class
-from datapipes.resume import JobSetup, ResumePlan, parse_state, rank_state, resume_plan
+from datapipes.rank_consumers import RankConsumers
+from datapipes.resume import ResumePlan
 from datapipes.resume.graph import GraphRecord, node_path
-from datapipes.resume.remaining import check_recipe
 from datapipes.takeover import TakeoverHost, check_lease_seconds
 from datapipes.topology import resolve_topology
 from datapipes.workers import (
@@ -39,7 +40,7 @@ from nodes.errors import InvalidStateError, StateMismatchError  # noqa: F401 - r
 from nodes.worker_bundles import check_items_per_transfer
 
 
-class Loader(LoaderReports):
+class Loader(LoaderCheckpoints, LoaderReports):
     """Runs a recipe epoch by epoch, with checkpoints that resume exactly.
 
     Iterating the Loader runs one epoch; iterating it again runs the next,
@@ -135,6 +136,7 @@ class Loader(LoaderReports):
             stats=stats,
             items_per_transfer=self.items_per_transfer,
         )
+        self._consumers = RankConsumers(self._runtime_pipe, self._context, num_workers)
         self._even = EvenBatchesPolicy(even_batches, pipe, self.topology, num_workers, self.seed)
         # Dynamic dispatch (datapipes.dispatch) and its leases (datapipes.takeover).
         self._dispatch, self._takeovers = make_dispatch(
@@ -151,8 +153,7 @@ class Loader(LoaderReports):
         self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
         self._graph = GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
         self._stats = LoaderStats(self.collects_stats)
-        # After a resume on another topology: (epoch, every new consumer's plan), see
-        # datapipes.elastic; this rank's consumers read theirs during that epoch only.
+        # The plan of the last resume (datapipes.resume): a dealt epoch's shares live here.
         self._plan: ResumePlan | None = None
         # (epoch, the graph's state at the start of a fresh run): a state taken before the
         # run delivered anything is the epoch's start (node None), which merges as such.
@@ -210,8 +211,12 @@ class Loader(LoaderReports):
             self._stats.new_graph()
         run = self._cursor.next_run()
         self._context.epoch = run.epoch
-        if self._dispatch is not None:
-            self._begin_dispatch(run.epoch, continuing=run.resume_from is not None)
+        if self._dispatch is not None:  # this epoch's units, for the rank's consumers
+            listings = self._listings.get(self._context)
+            continuing = run.resume_from is not None
+            self._consumers.hand_units(
+                self._dispatch.begin_epoch(run.epoch, listings, continuing=continuing)
+            )
         self._stats.new_epoch(root)
         try:
             root.reset(run.resume_from)
@@ -225,16 +230,6 @@ class Loader(LoaderReports):
         self._cursor.begin(run)  # only now: a position the graph refused stays pending
         self._fresh = None if run.resume_from is not None else (run.epoch, root.state_dict())
         return self._cursor.watch(self._run(root, run))
-
-    def _begin_dispatch(self, epoch: int, *, continuing: bool) -> None:
-        """Give this epoch's units to the rank's consumers (this process, or its workers)."""
-        assert self._dispatch is not None
-        listings = self._listings.get(self._context)
-        spec = self._dispatch.begin_epoch(epoch, listings, continuing=continuing)
-        if self.num_workers:
-            self._worker_dataset().dispatch_spec = spec
-        else:
-            self._context.work.use(spec)
 
     @property
     def even_batches(self) -> bool:
@@ -312,145 +307,6 @@ class Loader(LoaderReports):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ----- checkpoints ---------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The position of the whole pipeline: plain data (json / ``weights_only`` safe).
-
-        What all ranks share (version, fingerprint, steps, seed, topology) sits
-        at the top; this rank's epoch and node states sit under its own key in
-        ``state["ranks"]``, so in a ``torch.distributed.checkpoint`` save every
-        rank writes its own position. The layout is :mod:`datapipes.checkpoint`'s.
-        Taking it runs no collective: any subset of ranks may call it.
-        To resume on another world size or number of workers, merge every
-        rank's state with :func:`datapipes.merge_states`.
-        """
-        if self._takeovers is not None:
-            self._takeovers.check_checkpoint()
-        root = self._root
-        epoch, node = self._cursor.position(None if root is None else root.state_dict)
-        if self._fresh is not None and node is not None and self._fresh == (epoch, node):
-            node = None  # nothing delivered yet: the start of the epoch
-        plans = None
-        deal = None if self._plan is None else self._plan.deal
-        if deal is not None and deal[0] in (epoch, epoch - 1):
-            # Kept one epoch on: a rank that finished its share still tells what it was.
-            plans = (deal[0], deal[1][self._consumers.start : self._consumers.stop])
-        dispatch = None
-        if self._dispatch is not None:
-            dispatch = self._dispatch.record(epoch, self._consumers)
-        return rank_state(
-            fingerprint=self._fingerprint,
-            steps=self._steps,
-            setup=self.setup,
-            rank=self.rank,
-            epoch=epoch,
-            node=node,
-            graph=self._graph.text(root),
-            plans=plans,
-            dispatch=dispatch,
-            dropped=self._drops.record(
-                epoch, node, self._cursor.last, self._root is not None, self.dropped
-            ),
-        )
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration resumes the saved epoch where it stopped.
-
-        The state is validated first (its shape, then the recipe, topology and
-        seed, then every node's position against the data it will read): an
-        invalid one raises :class:`datapipes.InvalidStateError` naming the path
-        inside it, a foreign one :class:`datapipes.StateMismatchError`, and
-        the Loader keeps its position.
-
-        **Another topology.** A state that covers every rank of its job (one
-        from :func:`datapipes.merge_states`, or any state of a one-rank job)
-        also loads into a Loader of another ``world_size`` or ``num_workers``:
-        the interrupted epoch's remaining items (those read but not delivered
-        included) are dealt to the new consumers, each exactly once, in an
-        order that may differ from the uninterrupted run's; the next epoch is
-        a fresh epoch of the new topology. A step with no exact answer (see
-        :class:`datapipes.ElasticResumeError`) is refused, naming it.
-        """
-        parsed = parse_state(state)
-        check_recipe(parsed, self._fingerprint, self._steps)
-        if parsed.setup.same_topology(self.setup):
-            self._even.adopt(parsed.setup.even_batches)  # before it is compared
-        plan = resume_plan(
-            self.pipe,
-            parsed,
-            self.setup,
-            self.rank,
-            self._listings.get(self._context),
-            dynamic=self._dispatch is not None,
-        )
-        if plan.node is not None:
-            self._validate_position(plan)
-        if self._dispatch is not None:  # every resume hands out what the checkpoint left
-            self._dispatch.set_base(plan.epoch, plan.dispatch_work)
-        self._cursor.restore(plan.epoch, plan.node)
-        self._plan = plan
-        self._even.set_deal(plan.deal)
-        self._apply_plan(self._context)
-        self._drops.take(*plan.carried_drops)
-        self._graph.load(plan.graph)
-
-    @property
-    def setup(self) -> JobSetup:
-        """This Loader's job setup, as its checkpoints record it."""
-        return JobSetup(
-            self.world_size,
-            self.num_workers,
-            self.seed,
-            self.even_batches,
-            self.items_per_transfer,
-        )
-
-    @property
-    def _consumers(self) -> range:
-        return range(
-            self.rank * max(self.num_workers, 1), (self.rank + 1) * max(self.num_workers, 1)
-        )
-
-    def _apply_plan(self, ctx: Context) -> None:
-        """Hand this rank's consumers their share of a dealt epoch (the Loader's context, or
-        its workers'); under dynamic dispatch the units claimed are the work."""
-        if self._dispatch is not None:
-            return
-        plan = self._plan
-        if self.num_workers:
-            dataset = self._worker_dataset()
-            deal = None if plan is None else plan.deal
-            dataset.worker_plans = (
-                None if deal is None else deal[1][self._consumers.start : self._consumers.stop]
-            )
-            dataset.plans_epoch = None if deal is None else deal[0]
-        else:
-            ctx.work = None if plan is None else plan.consumer_work(self.setup, self.rank, 0)
-
-    def _worker_dataset(self) -> Any:
-        step = self._runtime_pipe
-        while not hasattr(step, "_dataset"):
-            step = step.inputs[0]
-        return step._dataset
-
-    def _validate_position(self, plan: ResumePlan) -> None:
-        # Against the graph the epoch will run, built for the saved epoch (building opens
-        # nothing) apart from the Loader's own, which may be running (a prefetch thread
-        # reads its context) and must stay as it is if the state is refused.
-        ctx = Context(rank=self.rank, world_size=self.world_size, epoch=plan.epoch, seed=self.seed)
-        ctx.listings = self._listings.get(ctx)  # the Loader's listing: the files it reads
-        saved_plan, self._plan = self._plan, plan
-        try:
-            self._apply_plan(ctx)
-            root = self._even.wrap(self._runtime_pipe.build(ctx), lambda: ctx.epoch)
-        finally:
-            self._plan = saved_plan
-            self._apply_plan(self._context)
-        try:
-            root.validate_state(plan.node, node_path(self.rank))
-        finally:
-            root.close()
 
     def _takeover_host(self, dispatch: DynamicDispatch) -> TakeoverHost:
         return TakeoverHost(
