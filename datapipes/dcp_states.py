@@ -76,15 +76,11 @@ def load_dcp_states(path: str | os.PathLike[str], key: str | None = None) -> dic
     metadata = _read_metadata(folder)
     paths = _entry_paths(metadata)
     state = _find_state(folder, metadata, paths, key)
-    shared = {k: v for k, v in state.items() if k != "ranks"}
-    ranks = state["ranks"]
-    if not isinstance(ranks, dict) or not ranks:
-        raise ValueError(f"the Loader state in {name} holds no rank's position")
-    import datapipes  # here: datapipes imports this module
+    from datapipes.resume import merge_states  # here: datapipes imports this module
 
-    # One state per saved rank, as each rank's Loader.state_dict() was before DCP wrote
-    # the shared part once: merge_states checks that together they make one whole job.
-    return datapipes.merge_states([{**shared, "ranks": {r: ranks[r]}} for r in ranks])
+    # Each rank wrote its own entry and the shared part once: merge_states parses the
+    # whole and checks that together the entries make one whole job.
+    return merge_states([state])
 
 
 # ----- reading the folder -----------------------------------------------------------------

@@ -138,3 +138,16 @@ def test_api_reference_lists_every_public_name() -> None:
     public = {f"datapipes.{n}" for n in dp.__all__ if n != "__version__"}
     public |= {f"nodes.{n}" for n in nodes.__all__} | {"nodes.testing"}
     assert not public - documented, f"add to docs/reference/: {sorted(public - documented)}"
+
+
+def test_the_architecture_page_maps_every_module_as_its_docstring_says() -> None:
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        from module_map import PAGE, page_with_map
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    text = PAGE.read_text()
+    assert text == page_with_map(text), (
+        "the module map of docs/concepts/architecture.md is out of date: run "
+        "`python docs/module_map.py`"
+    )
