@@ -22,6 +22,8 @@ from datapipes.resume.model import (
     Remaining,
 )
 from datapipes.resume.schema import check_envelope, node_state, rank_path
+from nodes import torchdata_adapter as torchdata
+from nodes.base import UPSTREAM
 from nodes.errors import InvalidStateError, StateMismatchError
 
 #: 5: a shard's state records its stream position (``"read"``), and a rank's entry may
@@ -74,6 +76,7 @@ def parse_state(raw: Any) -> JobState:
                 ranks[rank] = RankEntry(rank, group["epoch"])
     for entry in ranks.values():
         _check_against_setup(entry, setup)
+        _check_workers_against_setup(entry, setup)
     remaining = None
     if "remaining" in raw:
         value = json.loads(raw["remaining"]["text"])
@@ -181,3 +184,30 @@ def _check_against_setup(entry: RankEntry, setup: JobSetup) -> None:
                 f"claims of the rank's own consumers {list(own)} (from topology)",
                 strays,
             )
+
+
+def _check_workers_against_setup(entry: RankEntry, setup: JobSetup) -> None:
+    """Refuse a rank's node state whose DataLoader holds another number of workers than
+    ``topology.num_workers`` says (believing either would lose or repeat items)."""
+    node = entry.node
+    while isinstance(node, dict) and "dataloader" not in node and "ended" not in node:
+        node = node.get(UPSTREAM)
+    path = f"{rank_path(str(entry.rank))}.node"
+    has_loader = isinstance(node, dict) and "dataloader" in node
+    if not setup.num_workers:
+        if has_loader:
+            raise InvalidStateError(
+                f"{path}...dataloader",
+                "no DataLoader state (topology.num_workers is 0)",
+                "a DataLoader state",
+            )
+        return
+    if not has_loader or not isinstance(node["dataloader"], dict) or not node["dataloader"]:
+        return  # at the epoch's start, or ended: nothing to compare
+    found = torchdata.snapshot_summary(node["dataloader"])["num_workers"]
+    if found != setup.num_workers:
+        raise InvalidStateError(
+            f"{path}...dataloader",
+            f"the snapshots of {setup.num_workers} workers (topology.num_workers)",
+            f"{found} workers",
+        )
