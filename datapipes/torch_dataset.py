@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data
 
 from datapipes.placement import check_no_main_steps, check_replay_order
+from datapipes.resume.model import JobSetup
 from datapipes.topology import Topology
 from nodes import Context, Node
 from nodes.batch import drop_counts
@@ -130,16 +131,14 @@ class TorchDataset(torch.utils.data.IterableDataset):
             work = Dispatcher(spec, self.topology.rank * num_workers + worker_id)
         elif plans is not None and worker_id < len(plans) and self.plans_epoch is not None:
             work = DealtWork(self.plans_epoch, plans[worker_id])
-        return Context(
-            rank=self.topology.rank,
-            world_size=self.topology.world_size,
-            worker_id=worker_id,
-            num_workers=num_workers,
-            epoch=epoch,
-            seed=self.seed,
-            stats=self.stats,
+        setup = JobSetup(self.topology.world_size, num_workers, self.seed)
+        return setup.context(
+            self.topology.rank,
+            worker_id,
+            epoch,
             listings=self.listings,
             work=work,
+            stats=self.stats,
         )
 
     def __iter__(self) -> Iterator[Any]:

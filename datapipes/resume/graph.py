@@ -18,8 +18,9 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from datapipes.resume.model import JobSetup
 from datapipes.resume.schema import rank_path
-from nodes import Context, Node
+from nodes import Node
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.even import EvenBatchesNode
 from nodes.stats import StatsNode
@@ -105,15 +106,8 @@ def _worker_record(node: WorkerStreamNode) -> dict[str, Any]:
     work = None
     if dataset.dispatch_spec is not None:  # dynamic dispatch: wrapped as the workers' are
         work = Dispatcher(DispatchSpec(None, "", -1, 1, 1), 0)
-    ctx = Context(
-        rank=topology.rank,
-        world_size=topology.world_size,
-        worker_id=0,
-        num_workers=node.num_workers,
-        seed=dataset.seed,
-        stats=dataset.stats,
-        work=work,
-    )
+    setup = JobSetup(topology.world_size, node.num_workers, dataset.seed)
+    ctx = setup.context(topology.rank, 0, work=work, stats=dataset.stats)
     root = dataset.pipe.build(ctx)
     try:
         return graph_record(root, dataset.pipe)
