@@ -176,8 +176,8 @@ class DataPipe(Generic[T]):
         """
         ctx = Context() if ctx is None else ctx
         node = self._build(ctx)
-        if node.elastic == "source" and getattr(node, "place", None) is None:
-            node.place = ctx.place_of(self._key())  # type: ignore[attr-defined]
+        if node.elastic == "source" and node.place is None:
+            node.place = ctx.place_of(self._key())
             if ctx.dispatch is not None:  # dynamic dispatch: it reads the units it claims
                 node = DispatchedSourceNode(node, ctx.dispatch)
         if ctx.stats:

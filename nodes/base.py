@@ -1,12 +1,15 @@
-"""The node contract and the context a graph of nodes is bound to."""
+"""The node contract and the context a graph of nodes is bound to.
+
+The floor of the graph: it imports only :mod:`nodes.errors` (which imports
+nothing of ``nodes``), never a module that builds on nodes.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-if TYPE_CHECKING:
-    from nodes.errors import ErrorPolicy
+from nodes.errors import ErrorPolicy, InvalidStateError, refuse
 
 T = TypeVar("T")
 
@@ -228,6 +231,26 @@ class Node(Iterator[T]):
     #: What the refusal says for a node whose ``elastic`` is ``None`` (why, what works).
     elastic_refusal: ClassVar[str] = ""
 
+    # The source protocol: what a source (``elastic = "source"``) declares besides untouched().
+
+    #: A source's place in the recipe, the same on every topology (set when the recipe is
+    #: built: :meth:`Context.place_of`); it names the source's work in a plan. ``None``:
+    #: not a source, or not built from a recipe.
+    place: str | None = None
+    #: How a source's remaining work is cut and dealt: ``"positions"``, ``"stream"``,
+    #: ``"records"`` or ``"files"`` (see :mod:`nodes.elastic`); ``None``: not a source.
+    elastic_kind: str | None = None
+    #: The pieces of work a source reads this epoch after a resume on another topology
+    #: (its dealt share, set by ``reset``); ``None``: its own share of the epoch.
+    plan: list[Any] | None = None
+
+    # What a step that drops items at an epoch's end declares (see nodes.batch.drop_counts).
+
+    #: Items it dropped this epoch (reported by ``Loader.dropped()``, under ``drop_label``).
+    dropped: int = 0
+    #: How ``Loader.dropped()`` names the step (``"batch(32, drop_last=True)"``).
+    drop_label: str = ""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "kind" not in cls.__dict__:
@@ -276,15 +299,11 @@ class Node(Iterator[T]):
             return
         upstream = state.get(UPSTREAM)
         if self.inputs and UPSTREAM in state and not isinstance(upstream, dict | list):
-            from nodes.errors import InvalidStateError  # it imports this module
-
             where = upstream_path(state, upstream, path)
             raise InvalidStateError(where, "the input's state (a dict)", upstream)
         if isinstance(upstream, list) and (
             len(upstream) != len(self.inputs) or not all(isinstance(s, dict) for s in upstream)
         ):
-            from nodes.errors import InvalidStateError
-
             raise InvalidStateError(
                 f"{path}.{UPSTREAM}", f"a list of {len(self.inputs)} input states (dicts)", upstream
             )
@@ -304,8 +323,6 @@ class Node(Iterator[T]):
         """
         if self.elastic == "transparent" and len(self.inputs) == 1:
             return self.inputs[0].last_origin()
-        from nodes.elastic import refuse  # it imports this module
-
         raise refuse(
             self,
             "feeds a step that holds items, and cannot say which source item its items came from",
@@ -313,6 +330,14 @@ class Node(Iterator[T]):
 
     def validate_plan(self, plan: Any, path: str) -> None:
         """Refuse (``InvalidStateError``) a dealt share a source could not read (sources)."""
+
+    def untouched(self) -> list[Any]:
+        """A source's work not read yet, as pieces (after a conversion ``reset``; sources)."""
+        raise refuse(
+            self,
+            'is a source (elastic = "source") that cannot say which of its work it has not '
+            "read: implement untouched() (see nodes.elastic)",
+        )
 
     def in_flight(self) -> list[Any]:
         """``(place, piece)`` of every item this node holds (read, not yet returned)."""

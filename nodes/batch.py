@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
-from nodes.base import Node, NotReset, State
+from nodes.base import Node, NotReset, State, walk_graph
 from nodes.collate import default_collate
 
 
@@ -88,11 +88,9 @@ class BatchNode(Node):
 def drop_counts(root: Any) -> dict[str, int]:
     """Items dropped at the end of this epoch by each step of a built graph that drops
     (``batch(..., drop_last=True)``, ``even_batches``), keyed by the step."""
-    from nodes.base import walk_graph
-
     counts: dict[str, int] = {}
     for node in walk_graph(root):
-        dropped = getattr(node, "dropped", 0)
+        dropped = node.dropped
         if dropped:
             label = node.drop_label
             counts[label] = counts.get(label, 0) + dropped

@@ -217,7 +217,6 @@ class FileListNode(Node):
     kind = "file list"
     elastic = "source"
     elastic_kind = el.FILES
-    place: str | None = None
 
     def __init__(self, files: FileSet, ctx: Context) -> None:
         super().__init__()
