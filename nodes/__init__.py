@@ -14,9 +14,10 @@ from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.even import EvenBatchesNode
 from nodes.files import FileListNode, FileSet
 from nodes.iterable import IterableNode
+from nodes.origins import RandomMapError
 from nodes.parallel_map import ParallelMapNode
 from nodes.prefetch import PrefetchNode
-from nodes.random_map import RandomMapError, RandomMapNode
+from nodes.random_map import RandomMapNode
 from nodes.readers import FileReaderNode, RecordFormat
 from nodes.rng import IndexPermutation, UniformStream, stable_hash
 from nodes.shard import ShardNode, WholeDataContext

@@ -1,7 +1,8 @@
 """The node contract and the context a graph of nodes is bound to.
 
-The floor of the graph: it imports only :mod:`nodes.errors` (which imports
-nothing of ``nodes``), never a module that builds on nodes.
+The floor of the graph: it imports only :mod:`nodes.errors` and
+:mod:`nodes.origins` (which import nothing of ``nodes``), never a module that
+builds on nodes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
 from nodes.errors import ErrorPolicy, InvalidStateError, refuse
+from nodes.origins import OriginReader, refuse_random_map, source_origin
 
 T = TypeVar("T")
 
@@ -343,6 +345,36 @@ class Node(Iterator[T]):
         """``(place, piece)`` of every item this node holds (read, not yet returned)."""
         return []
 
+    # ----- random_map's per-item seeds (see nodes.random_map); asked once, when built -------
+    def origin_reader(self) -> OriginReader:
+        """A call that says where the item this node returned last came from (its origin,
+        see :mod:`nodes.origins`), from which a ``random_map`` above seeds the item.
+
+        Asked once, before the graph is reset: a buffer turns on its origin notes
+        then. A source answers from :meth:`last_origin`, a transparent step with one
+        input asks its input; another step raises :class:`nodes.origins.RandomMapError`
+        naming itself and where to put the ``random_map`` instead.
+        """
+        if self.elastic == "source":
+            last = self.last_origin
+            return lambda: source_origin(*last())
+        if self.elastic == "transparent" and len(self.inputs) == 1:
+            return self.inputs[0].origin_reader()  # one item out per item in, nothing held
+        raise refuse_random_map(
+            self, "cannot say which item of the epoch it returned", f"before the {self.kind}"
+        )
+
+    def plain_origins(self) -> bool:
+        """Whether :meth:`last_origin` answers without origin notes: a source, or steps that
+        hand items on one for one down to sources (a concat or a mix of such branches)."""
+        if self.elastic == "source":
+            return True
+        return (
+            self.elastic == "transparent"
+            and len(self.inputs) == 1
+            and self.inputs[0].plain_origins()
+        )
+
     def live_inputs(self) -> tuple[Node, ...]:
         """The inputs whose work is not done (a concat leaves out the finished ones)."""
         return self.inputs
@@ -406,27 +438,3 @@ class NotReset:
 
     def __next__(self) -> Any:
         raise RuntimeError(f"{self._name}: call reset() before iterating the node")
-
-
-def positioned_iterator(values: list[Any], offset: int) -> Iterator[Any]:
-    """A list iterator over ``values`` that has already yielded ``offset`` items (O(1))."""
-    it = iter(values)
-    if offset:
-        it.__setstate__(offset)
-    return it
-
-
-def list_iterator_position(it: Iterator[Any], length: int) -> int:
-    """How many items a list (or range) iterator has yielded, read in O(1).
-
-    Built-in list and range iterators expose their index through ``__reduce__``;
-    an exhausted list iterator drops it, and then the answer is ``length``.
-    From Python 3.12 a range iterator reduces to the *remaining* range with no
-    index, so its position is ``length`` minus what remains.
-    """
-    reduced = it.__reduce__()
-    if len(reduced) > 2 and reduced[2] is not None:
-        return reduced[2]
-    if len(reduced) > 2 and isinstance(reduced[1][0], range):
-        return length - len(reduced[1][0])
-    return length

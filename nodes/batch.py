@@ -70,6 +70,9 @@ class BatchNode(Node):
     def begin_conversion(self) -> None:
         self._noting = True
 
+    def plain_origins(self) -> bool:
+        return False  # its last_origin needs the notes of begin_conversion
+
     def last_origin(self) -> Any:
         """The origins of the last batch's items (batches start where the reset put it)."""
         from nodes.elastic import BATCH

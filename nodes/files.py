@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from nodes import elastic as el
-from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
+from nodes.base import Context, Node, NotReset, State
+from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.rng import IndexPermutation
 from nodes.storage import SourceFile, as_patterns, list_files, listing_digest
 from nodes.storage.retry import RetryPolicy

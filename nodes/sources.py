@@ -10,14 +10,7 @@ from typing import Any
 import numpy as np
 
 from nodes import elastic as el
-from nodes.base import (
-    Context,
-    Node,
-    NotReset,
-    State,
-    list_iterator_position,
-    positioned_iterator,
-)
+from nodes.base import Context, Node, NotReset, State
 from nodes.batched_fetch import (
     FETCH_CHUNK,
     batched_getter,
@@ -28,6 +21,7 @@ from nodes.batched_fetch import (
     rows_of,
 )
 from nodes.elastic import POSITIONS
+from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.rng import IndexPermutation
 from nodes.state_checks import expect_int, expect_keys
 

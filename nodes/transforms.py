@@ -7,17 +7,11 @@ from itertools import chain
 from typing import Any
 
 from nodes import elastic as el
-from nodes.base import (
-    UPSTREAM,
-    Node,
-    NotReset,
-    ScopedContext,
-    State,
-    list_iterator_position,
-    positioned_iterator,
-)
+from nodes.base import UPSTREAM, Node, NotReset, ScopedContext, State
 from nodes.batch import BatchNode, unbatch_items
 from nodes.errors import InvalidStateError
+from nodes.iterators import list_iterator_position, positioned_iterator
+from nodes.origins import Origin, OriginReader
 from nodes.state_checks import at, expect_bool, expect_int, expect_keys
 
 _END = object()
@@ -219,6 +213,15 @@ class FlatMapNode(Node):
         done = list_iterator_position(self._current, self._current_len)
         return self._outputs_origin([self._original(done - 1)])[0]
 
+    def origin_reader(self) -> OriginReader:
+        self.track_origins(self._up.origin_reader())
+
+        def flat_map_origin() -> Origin:
+            parent, output = self.last_output()
+            return (*parent, output)
+
+        return flat_map_origin
+
     def in_flight(self) -> list[Any]:
         """The outputs of the current parent that were not returned yet."""
         if self._current is None:
@@ -301,6 +304,9 @@ class TakeNode(Node):
         item = next(self._src)
         self._taken += 1
         return item
+
+    def origin_reader(self) -> OriginReader:
+        return self._up.origin_reader()  # one item out per item in, nothing held
 
     def state_dict(self) -> State:
         return {UPSTREAM: self._up.state_dict(), "taken": self._taken}

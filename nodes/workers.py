@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from nodes import torchdata_adapter as torchdata
 from nodes.base import Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.origins import OriginReader, reads_ahead
 from nodes.parent_watch import WatchMainProcess
 from nodes.rng import stable_hash
 from nodes.worker_bundles import FailedInBundle
@@ -406,6 +407,9 @@ class WorkerStreamNode(Node):
             max_replay=SNAPSHOT_EVERY - 1,  # a state rebuilt from the last good one (_position)
             items_per_transfer=self._per_transfer,
         )
+
+    def origin_reader(self) -> OriginReader:
+        raise reads_ahead(self)
 
     def close(self) -> None:
         if self._closed_state is None and self._loader is not None:

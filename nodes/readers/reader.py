@@ -8,9 +8,10 @@ from itertools import chain
 from typing import Any
 
 from nodes import elastic as el
-from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
+from nodes.base import Context, Node, NotReset, State
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.files import FileSet, Unit, consumer_units, unit_piece
+from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.storage import SourceFile
 
 Cursor = Any  # plain data (int, list of ints, dict) marking the start of a block
