@@ -9,7 +9,7 @@ from nodes.batch import BatchNode, unbatch_items
 from nodes.collate import default_collate, no_collate
 from nodes.combine import ConcatNode, MixNode, ZipNode
 from nodes.decode import DecodeNode, SampleDecoder
-from nodes.device import PinMemoryNode, ToDeviceNode, apply_to_tensors
+from nodes.device import PinMemoryNode, ToDeviceNode
 from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.even import EvenBatchesNode
 from nodes.files import FileListNode, FileSet
@@ -24,6 +24,7 @@ from nodes.shard import ShardNode, WholeDataContext
 from nodes.shuffle import BufferShuffleNode
 from nodes.sources import SequenceNode
 from nodes.stats import StatsNode
+from nodes.tensor_tree import apply_to_tensors
 from nodes.transforms import FilterNode, FlatMapNode, MapNode, RepeatNode, TakeNode
 from nodes.workers import WorkerStreamNode
 

@@ -11,7 +11,8 @@ import numpy as np
 
 from nodes import elastic as el
 from nodes.base import Context, Node, NotReset, State
-from nodes.batched_fetch import (
+from nodes.elastic import POSITIONS
+from nodes.getitems import (
     FETCH_CHUNK,
     batched_getter,
     collate_columns,
@@ -20,7 +21,6 @@ from nodes.batched_fetch import (
     rows_are_split_columns,
     rows_of,
 )
-from nodes.elastic import POSITIONS
 from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.rng import IndexPermutation
 from nodes.state_checks import expect_int, expect_keys
