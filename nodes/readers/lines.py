@@ -23,8 +23,10 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nodes.errors import BadRecordError, ErrorPolicy
-from nodes.readers.reader import Cursor, RecordFormat
+from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
+from nodes.readers.format import Cursor, RecordFormat, past_end, source_size
+from nodes.state_checks import at as item_path
+from nodes.state_checks import check_int
 from nodes.storage import SourceFile, read_full
 
 _UNBOUNDED = float("inf")
@@ -109,6 +111,42 @@ class LineFormat(RecordFormat):
         return line.decode(self.encoding).removesuffix("\r")
 
     # ----- blocks ------------------------------------------------------------
+    def check_cursor(self, source: SourceFile, cursor: Cursor, path: str) -> None:
+        """Refuse a cursor that is not ``[offset of a record start, line or -1, block]``."""
+        if not isinstance(cursor, list) or len(cursor) != 3:
+            raise InvalidStateError(path, "[byte offset, line number or -1, block number]", cursor)
+        at_offset, at_line = item_path(path, 0), item_path(path, 1)
+        offset = check_int(cursor[0], at_offset)
+        line = check_int(cursor[1], at_line, -1)
+        if line == 0:
+            raise InvalidStateError(at_line, "a line number >= 1, or -1 (not counted)", line)
+        check_int(cursor[2], item_path(path, 2))
+        size = source_size(source)
+        if size is not None and offset > size:
+            past_end(source, offset, size, at_offset)
+        data_start = self.prepare(source)[0] if offset else 0
+        if offset < data_start:
+            raise InvalidStateError(
+                at_offset, f"an offset >= {data_start} (after the header of {source.url})", offset
+            )
+        if offset == data_start:
+            return
+        if offset == len(BOM) and self.strips_bom:
+            with source.open(0) as f:
+                if f.read(len(BOM)) == BOM:
+                    return  # the first record, after a byte order mark
+        with source.open(offset - 1) as f:
+            before = f.read(1)
+        if not before:
+            past_end(source, offset, size, at_offset)
+        if before != b"\n":
+            raise InvalidStateError(
+                at_offset,
+                f"the byte offset of a record start in {source.url} (just after a line break)",
+                offset,
+                note=f"byte {offset - 1} is {before!r}: the cursor was moved, or the file changed",
+            )
+
     def blocks(
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
     ) -> Iterator[tuple[list[Any], Cursor]]:
