@@ -242,9 +242,6 @@ class Node(Iterator[T]):
     #: How a source's remaining work is cut and dealt: ``"positions"``, ``"stream"``,
     #: ``"records"`` or ``"files"`` (see :mod:`nodes.elastic`); ``None``: not a source.
     elastic_kind: str | None = None
-    #: The pieces of work a source reads this epoch after a resume on another topology
-    #: (its dealt share, set by ``reset``); ``None``: its own share of the epoch.
-    plan: list[Any] | None = None
 
     # What a step that drops items at an epoch's end declares (see nodes.batch.drop_counts).
 

@@ -65,7 +65,7 @@ class ShardNode(Node):
         self._skip = 0
         self._read = 0
         self._kept = 0
-        self.plan = None
+        self._plan: list[el.Piece] | None = None
         self._selections: dict[int, el.Piece] = {}
         self._was_reset = False
 
@@ -74,12 +74,12 @@ class ShardNode(Node):
         index, count = self._ctx.consumer_index, self._ctx.num_consumers
         self._skip = index if state is None else int(state["skip"])
         self._read = 0 if state is None else int(state["read"])
-        self.plan = self._ctx.plan_for(self.place)
+        self._plan = self._ctx.plan_for(self.place)
         self._was_reset = True
         self._selections = {
-            p["range"][0]: p for p in self.plan or () if "outputs" in p or "from" in p
+            p["range"][0]: p for p in self._plan or () if "outputs" in p or "from" in p
         }
-        if self.plan is not None:  # a dealt share of the stream's positions, in order
+        if self._plan is not None:  # a dealt share of the stream's positions, in order
             self._it = self._planned(iter(self._up))
         else:
             # islice consumes the skipped items only when asked for the next kept one, so
@@ -89,7 +89,7 @@ class ShardNode(Node):
         self._count = count
 
     def _planned(self, items: Iterator[Any]) -> Iterator[Any]:
-        for target in el.stream_targets(self.plan or []):
+        for target in el.stream_targets(self._plan or []):
             if target < self._read:
                 continue
             self._skip = target - self._read
@@ -108,7 +108,7 @@ class ShardNode(Node):
 
     def _position(self) -> tuple[int, int]:
         """``(items to skip before the next kept one, upstream items read)``."""
-        if self.plan is not None:
+        if self._plan is not None:
             return 0, self._read  # the targets after it say what to skip
         if not self._kept:
             return self._skip, self._read

@@ -75,7 +75,7 @@ class SequenceNode(Node):
         self._fns = tuple(fns)
         self._it: Iterator[Any] = NotReset(self)
         self._start = 0
-        self.plan = None
+        self._plan: list[el.Piece] | None = None
         self._permutation_cache: tuple[list[int], IndexPermutation] | None = None
         self._was_reset = False
         self._getitems = batched_getter(seq)
@@ -93,13 +93,13 @@ class SequenceNode(Node):
 
     def _positions(self, lo: int, hi: int) -> np.ndarray:
         """Positions in the epoch's permutation of this consumer's items ``lo`` to ``hi``."""
-        if self.plan is None:
+        if self._plan is None:
             c, total = self._ctx.consumer_index, self._ctx.num_consumers
             return c + total * np.arange(lo, hi, dtype=np.int64)
         parts = []
         i = max(0, bisect_right(self._plan_starts, lo) - 1)  # the first piece in [lo, hi)
-        while i < len(self.plan) and self._plan_starts[i] < hi:
-            piece, first = self.plan[i], self._plan_starts[i]
+        while i < len(self._plan) and self._plan_starts[i] < hi:
+            piece, first = self._plan[i], self._plan_starts[i]
             length = el.piece_length(piece) or 0
             a, b = max(lo, first), min(hi, first + length)
             if a < b:
@@ -110,9 +110,9 @@ class SequenceNode(Node):
 
     def reset(self, state: State | None = None) -> None:
         self._was_reset = True
-        self.plan = self._ctx.plan_for(self.place)
-        if self.plan is not None:
-            self._plan_starts = el.plan_starts(self.plan)[0]
+        self._plan = self._ctx.plan_for(self.place)
+        if self._plan is not None:
+            self._plan_starts = el.plan_starts(self._plan)[0]
         self._length = self._local_length()
         self._start = min(0 if state is None else int(state["position"]), self._length)
         c, total = self._ctx.consumer_index, self._ctx.num_consumers
@@ -120,7 +120,7 @@ class SequenceNode(Node):
         if self._chunked:
             self._reset_fetching(c, total)
             return
-        if self._shuffle_key is None and self.plan is None:
+        if self._shuffle_key is None and self._plan is None:
             # The counter we read the position from is a built-in range iterator.
             counted = self._seq[c::total] if is_range else range(c, len(self._seq), total)
             self._counter = iter(counted)
@@ -163,7 +163,7 @@ class SequenceNode(Node):
     def _reset_fetching(self, c: int, total: int) -> None:
         """Items through ``__getitems__``: the indices as :meth:`reset` computes them, taken
         ``fetch_size`` at a time from the resume position on."""
-        if self._shuffle_key is None and self.plan is None:
+        if self._shuffle_key is None and self._plan is None:
             self._keys = iter(range(c, len(self._seq), total))
             self._keys.__setstate__(self._start)  # type: ignore[attr-defined]
         else:
@@ -256,7 +256,7 @@ class SequenceNode(Node):
                 - self._chunk_len
                 + list_iterator_position(self._chunk_it, self._chunk_len)
             )
-        if self._shuffle_key is None and self.plan is None:
+        if self._shuffle_key is None and self._plan is None:
             return list_iterator_position(self._counter, self._length)
         if self._block_it is None:
             return self._start
@@ -277,8 +277,8 @@ class SequenceNode(Node):
 
     def last_origin(self) -> el.Origin:
         k = self.position() - 1
-        if self.plan is not None:
-            position, piece = el.position_at(self.plan, self._plan_starts, k)
+        if self._plan is not None:
+            position, piece = el.position_at(self._plan, self._plan_starts, k)
             return self.place, el.single(position, piece)
         position = self._ctx.consumer_index + self._ctx.num_consumers * k
         return self.place, {"range": [position, position + 1, 1]}  # el.single, inlined: hot

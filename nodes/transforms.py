@@ -239,8 +239,9 @@ def _leading_selections(node: Node) -> list[el.Piece]:
         if not _keeps_order(node) or isinstance(node, BatchNode):
             return []  # the selections belong to a flat_map below, or parents are batches
         node = node.inputs[0]
+    plan = getattr(node, "_plan", None)  # a source's dealt pieces (a dispatched one's too)
     selections = []
-    for piece in node.plan or ():
+    for piece in plan or ():
         if not el.has_selection(piece):
             break
         selections.append(piece)

@@ -102,7 +102,7 @@ def test_a_source_without_untouched_is_refused_on_another_topology_naming_it() -
 
 def test_the_source_protocol_has_defaults_for_every_node() -> None:
     node = Double(ListSource([1]))
-    assert (node.place, node.elastic_kind, node.plan, node.dropped) == (None, None, None, 0)
+    assert (node.place, node.elastic_kind, node.dropped, node.drop_label) == (None, None, 0, "")
     assert node.inputs[0].place == "0"
 
 

@@ -63,7 +63,7 @@ class FileReaderNode(Node):
         self.close()
         if state is not None:
             self._files.check_state(state)
-        self._units, self.plan = self._consumer_units()
+        self._units, self._plan = self._consumer_units()
         self._was_reset = True
         unit = 0 if state is None else int(state["unit"])
         cursor = None if state is None else state["cursor"]
@@ -84,8 +84,8 @@ class FileReaderNode(Node):
         for u in range(unit_index, len(self._units)):
             unit: Unit = self._units[u]
             one = False
-            if self.plan is not None:  # a dealt piece starts where it says
-                piece = self.plan[u]
+            if self._plan is not None:  # a dealt piece starts where it says
+                piece = self._plan[u]
                 one = bool(piece["one"])
                 if u != unit_index or (cursor is None and not index):
                     cursor, index = piece["cursor"], piece["index"]
@@ -179,8 +179,8 @@ class FileReaderNode(Node):
         at = self._at
         index = at.first + list_iterator_position(at.records, at.length) - 1
         piece = unit_piece(self._units[at.unit], at.cursor, index, one=True)
-        if self.plan is not None and self.plan[at.unit]["one"]:  # keep its output selection
-            piece = el.reranged_record(piece, self.plan[at.unit])
+        if self._plan is not None and self._plan[at.unit]["one"]:  # keep its output selection
+            piece = el.reranged_record(piece, self._plan[at.unit])
         return self.place, piece  # type: ignore[return-value]
 
     def untouched(self) -> list[el.Piece]:
