@@ -8,6 +8,7 @@ from typing import Any
 
 from nodes.base import Node, NotReset, State, walk_graph
 from nodes.collate import default_collate
+from nodes.elastic import BATCH
 
 
 class BatchNode(Node):
@@ -75,8 +76,6 @@ class BatchNode(Node):
 
     def last_origin(self) -> Any:
         """The origins of the last batch's items (batches start where the reset put it)."""
-        from nodes.elastic import BATCH
-
         count = len(self._noted)
         return BATCH, self._noted[(count - 1) // self._size * self._size : count]
 

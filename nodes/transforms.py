@@ -12,6 +12,7 @@ from nodes.batch import BatchNode, unbatch_items
 from nodes.errors import InvalidStateError
 from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.origins import Origin, OriginReader
+from nodes.parallel_map import ParallelMapNode
 from nodes.state_checks import at, expect_bool, expect_int, expect_keys
 
 _END = object()
@@ -270,8 +271,6 @@ def _check_order_kept(flat_map: Node, node: Node) -> None:
 
 def _keeps_order(node: Node) -> bool:
     """Whether ``node`` hands on its input's items in their order (it may drop some)."""
-    from nodes.parallel_map import ParallelMapNode  # it imports this module's neighbours
-
     if len(node.inputs) != 1:
         return False
     return node.elastic == "transparent" or (

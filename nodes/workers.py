@@ -15,6 +15,7 @@ from nodes.origins import OriginReader, reads_ahead
 from nodes.parent_watch import WatchMainProcess
 from nodes.rng import stable_hash
 from nodes.worker_bundles import FailedInBundle
+from nodes.worker_states import validate_workers_state
 
 #: The main process snapshots the workers' states every ``SNAPSHOT_EVERY``
 #: items (torchdata's ``snapshot_every_n_steps``); workers send their states
@@ -394,8 +395,6 @@ class WorkerStreamNode(Node):
     def validate_state(self, state: Any, path: str = "node") -> None:
         """Refuse a state the workers could not resume: every worker's snapshot is checked
         against the graph that worker builds (in this process, before any worker starts)."""
-        from nodes.worker_states import validate_workers_state
-
         every = self._options.get("snapshot_every_n_steps", SNAPSHOT_EVERY)
         validate_workers_state(
             self._dataset,
