@@ -9,20 +9,22 @@ from nodes.batch import BatchNode, unbatch_items
 from nodes.collate import default_collate, no_collate
 from nodes.combine import ConcatNode, MixNode, ZipNode
 from nodes.decode import DecodeNode, SampleDecoder
-from nodes.device import PinMemoryNode, ToDeviceNode, apply_to_tensors
+from nodes.device import PinMemoryNode, ToDeviceNode
 from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.even import EvenBatchesNode
 from nodes.files import FileListNode, FileSet
 from nodes.iterable import IterableNode
+from nodes.origins import RandomMapError
 from nodes.parallel_map import ParallelMapNode
 from nodes.prefetch import PrefetchNode
-from nodes.random_map import RandomMapError, RandomMapNode
+from nodes.random_map import RandomMapNode
 from nodes.readers import FileReaderNode, RecordFormat
 from nodes.rng import IndexPermutation, UniformStream, stable_hash
 from nodes.shard import ShardNode, WholeDataContext
 from nodes.shuffle import BufferShuffleNode
 from nodes.sources import SequenceNode
 from nodes.stats import StatsNode
+from nodes.tensor_tree import apply_to_tensors
 from nodes.transforms import FilterNode, FlatMapNode, MapNode, RepeatNode, TakeNode
 from nodes.workers import WorkerStreamNode
 

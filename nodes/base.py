@@ -1,13 +1,20 @@
-"""The node contract and the context a graph of nodes is bound to."""
+"""The node contract and the context a graph of nodes is bound to.
+
+The floor of the graph: it imports only :mod:`nodes.errors` and
+:mod:`nodes.origins` (which import nothing of ``nodes``), never a module that
+builds on nodes.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from nodes.errors import ErrorPolicy, InvalidStateError, refuse
+from nodes.origins import OriginReader, refuse_random_map, source_origin
+
 if TYPE_CHECKING:
     from nodes.consumer_work import ConsumerWork
-    from nodes.errors import ErrorPolicy
 
 T = TypeVar("T")
 
@@ -231,6 +238,23 @@ class Node(Iterator[T]):
     #: What the refusal says for a node whose ``elastic`` is ``None`` (why, what works).
     elastic_refusal: ClassVar[str] = ""
 
+    # The source protocol: what a source (``elastic = "source"``) declares besides untouched().
+
+    #: A source's place in the recipe, the same on every topology (set when the recipe is
+    #: built: :meth:`Context.place_of`); it names the source's work in a plan. ``None``:
+    #: not a source, or not built from a recipe.
+    place: str | None = None
+    #: How a source's remaining work is cut and dealt: ``"positions"``, ``"stream"``,
+    #: ``"records"`` or ``"files"`` (see :mod:`nodes.elastic`); ``None``: not a source.
+    elastic_kind: str | None = None
+
+    # What a step that drops items at an epoch's end declares (see nodes.batch.drop_counts).
+
+    #: Items it dropped this epoch (reported by ``Loader.dropped()``, under ``drop_label``).
+    dropped: int = 0
+    #: How ``Loader.dropped()`` names the step (``"batch(32, drop_last=True)"``).
+    drop_label: str = ""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "kind" not in cls.__dict__:
@@ -279,15 +303,11 @@ class Node(Iterator[T]):
             return
         upstream = state.get(UPSTREAM)
         if self.inputs and UPSTREAM in state and not isinstance(upstream, dict | list):
-            from nodes.errors import InvalidStateError  # it imports this module
-
             where = upstream_path(state, upstream, path)
             raise InvalidStateError(where, "the input's state (a dict)", upstream)
         if isinstance(upstream, list) and (
             len(upstream) != len(self.inputs) or not all(isinstance(s, dict) for s in upstream)
         ):
-            from nodes.errors import InvalidStateError
-
             raise InvalidStateError(
                 f"{path}.{UPSTREAM}", f"a list of {len(self.inputs)} input states (dicts)", upstream
             )
@@ -307,8 +327,6 @@ class Node(Iterator[T]):
         """
         if self.elastic == "transparent" and len(self.inputs) == 1:
             return self.inputs[0].last_origin()
-        from nodes.elastic import refuse  # it imports this module
-
         raise refuse(
             self,
             "feeds a step that holds items, and cannot say which source item its items came from",
@@ -317,9 +335,47 @@ class Node(Iterator[T]):
     def validate_plan(self, plan: Any, path: str) -> None:
         """Refuse (``InvalidStateError``) a dealt share a source could not read (sources)."""
 
+    def untouched(self) -> list[Any]:
+        """A source's work not read yet, as pieces (after a conversion ``reset``; sources)."""
+        raise refuse(
+            self,
+            'is a source (elastic = "source") that cannot say which of its work it has not '
+            "read: implement untouched() (see nodes.elastic)",
+        )
+
     def in_flight(self) -> list[Any]:
         """``(place, piece)`` of every item this node holds (read, not yet returned)."""
         return []
+
+    # ----- random_map's per-item seeds (see nodes.random_map); asked once, when built -------
+    def origin_reader(self) -> OriginReader:
+        """A call that says where the item this node returned last came from (its origin,
+        see :mod:`nodes.origins`), from which a ``random_map`` above seeds the item.
+
+        Asked once, before the graph is reset: a buffer turns on its origin notes
+        then. A source answers from :meth:`last_origin`, a transparent step with one
+        input asks its input; another step raises :class:`nodes.origins.RandomMapError`
+        naming itself and where to put the ``random_map`` instead.
+        """
+        if self.elastic == "source":
+            last = self.last_origin
+            return lambda: source_origin(*last())
+        if self.elastic == "transparent" and len(self.inputs) == 1:
+            return self.inputs[0].origin_reader()  # one item out per item in, nothing held
+        raise refuse_random_map(
+            self, "cannot say which item of the epoch it returned", f"before the {self.kind}"
+        )
+
+    def plain_origins(self) -> bool:
+        """Whether :meth:`last_origin` answers without origin notes: a source, or steps that
+        hand items on one for one down to sources (a concat or a mix of such branches)."""
+        if self.elastic == "source":
+            return True
+        return (
+            self.elastic == "transparent"
+            and len(self.inputs) == 1
+            and self.inputs[0].plain_origins()
+        )
 
     def live_inputs(self) -> tuple[Node, ...]:
         """The inputs whose work is not done (a concat leaves out the finished ones)."""
@@ -384,27 +440,3 @@ class NotReset:
 
     def __next__(self) -> Any:
         raise RuntimeError(f"{self._name}: call reset() before iterating the node")
-
-
-def positioned_iterator(values: list[Any], offset: int) -> Iterator[Any]:
-    """A list iterator over ``values`` that has already yielded ``offset`` items (O(1))."""
-    it = iter(values)
-    if offset:
-        it.__setstate__(offset)
-    return it
-
-
-def list_iterator_position(it: Iterator[Any], length: int) -> int:
-    """How many items a list (or range) iterator has yielded, read in O(1).
-
-    Built-in list and range iterators expose their index through ``__reduce__``;
-    an exhausted list iterator drops it, and then the answer is ``length``.
-    From Python 3.12 a range iterator reduces to the *remaining* range with no
-    index, so its position is ``length`` minus what remains.
-    """
-    reduced = it.__reduce__()
-    if len(reduced) > 2 and reduced[2] is not None:
-        return reduced[2]
-    if len(reduced) > 2 and isinstance(reduced[1][0], range):
-        return length - len(reduced[1][0])
-    return length

@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
-from nodes.base import Node, NotReset, State
+from nodes.base import Node, NotReset, State, walk_graph
 from nodes.collate import default_collate
+from nodes.elastic import BATCH
 
 
 class BatchNode(Node):
@@ -70,10 +71,11 @@ class BatchNode(Node):
     def begin_conversion(self) -> None:
         self._noting = True
 
+    def plain_origins(self) -> bool:
+        return False  # its last_origin needs the notes of begin_conversion
+
     def last_origin(self) -> Any:
         """The origins of the last batch's items (batches start where the reset put it)."""
-        from nodes.elastic import BATCH
-
         count = len(self._noted)
         return BATCH, self._noted[(count - 1) // self._size * self._size : count]
 
@@ -88,11 +90,9 @@ class BatchNode(Node):
 def drop_counts(root: Any) -> dict[str, int]:
     """Items dropped at the end of this epoch by each step of a built graph that drops
     (``batch(..., drop_last=True)``, ``even_batches``), keyed by the step."""
-    from nodes.base import walk_graph
-
     counts: dict[str, int] = {}
     for node in walk_graph(root):
-        dropped = getattr(node, "dropped", 0)
+        dropped = node.dropped
         if dropped:
             label = node.drop_label
             counts[label] = counts.get(label, 0) + dropped

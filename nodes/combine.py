@@ -9,6 +9,7 @@ from typing import Any
 
 from nodes.base import UPSTREAM, Context, Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.origins import OriginReader, refuse_random_map, source_origin
 from nodes.rng import UniformStream
 from nodes.state_checks import (
     at,
@@ -78,6 +79,12 @@ class ConcatNode(Node):
 
     def last_origin(self) -> Any:
         return self.inputs[self._index].last_origin()
+
+    def origin_reader(self) -> OriginReader:
+        return _combined_origins(self)
+
+    def plain_origins(self) -> bool:
+        return all(branch.plain_origins() for branch in self.inputs)
 
     def live_inputs(self) -> tuple[Node, ...]:
         return self.inputs[self._index :]  # the ones before are done
@@ -223,6 +230,12 @@ class MixNode(Node):
     def last_origin(self) -> Any:
         return self.inputs[self._last].last_origin()
 
+    def origin_reader(self) -> OriginReader:
+        return _combined_origins(self)
+
+    def plain_origins(self) -> bool:
+        return all(branch.plain_origins() for branch in self.inputs)
+
     def state_dict(self) -> State:
         return {
             "draws": self._draws.position(),
@@ -252,3 +265,17 @@ def _validate_inputs(inputs: Sequence[Node], state: dict[str, Any], path: str) -
     states = expect_list(state, UPSTREAM, path, len(inputs))
     for i, (node, node_state) in enumerate(zip(inputs, states)):
         node.validate_state(node_state, at(at(path, UPSTREAM), i))
+
+
+def _combined_origins(node: Node) -> OriginReader:
+    """A concat's or a mix's origin reader: the origin its current input's source gives,
+    where every input answers without notes (see :meth:`nodes.Node.plain_origins`)."""
+    if not all(branch.plain_origins() for branch in node.inputs):
+        raise refuse_random_map(
+            node,
+            "has an input with a step that holds items (a buffer shuffle, flat_map, "
+            "batch), whose origins it does not pass on",
+            f"on each input of the {node.kind} (after its buffers)",
+        )
+    last = node.last_origin
+    return lambda: source_origin(*last())

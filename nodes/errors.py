@@ -1,11 +1,16 @@
-"""Bad input: the error that names where it happened, and the raise-or-skip policy."""
+"""The errors of the node layer, and the raise-or-skip policy for bad input.
+
+Bad records (named where they happened), states that cannot resume a graph,
+and steps that cannot take part in a resume on another topology. It is the
+floor of ``nodes``: it imports nothing of the package, so that the node
+contract (:mod:`nodes.base`) can raise these errors.
+"""
 
 from __future__ import annotations
 
 import warnings
-from typing import Any
-
-from nodes.base import walk_graph
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 ON_ERROR_CHOICES = ("raise", "skip")
 
@@ -53,6 +58,30 @@ _HOW_TO_FIX = (
     ". The checkpoint is corrupt, was edited, or belongs to another recipe or version: "
     "resume from another checkpoint, or start the epoch afresh (set_epoch)"
 )
+
+
+class ElasticResumeError(StateMismatchError):
+    """A checkpoint cannot resume exactly on another topology: a step has no exact answer.
+
+    The message names the step and what would work instead (resume on the
+    saved topology, or a recipe whose steps can be re-dealt).
+    """
+
+
+class _Step(Protocol):
+    """A step of a built graph, as a refusal names it (a :class:`nodes.Node`)."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+def refuse(node: _Step, why: str) -> ElasticResumeError:
+    """The error for ``node`` that cannot take part in a resume on another topology."""
+    return ElasticResumeError(
+        f"this checkpoint cannot resume on another topology: step '{node.kind}' {why}. "
+        "Resume it with the world size and num_workers it was saved with (that stays exact), "
+        "or let the epoch end there and change the topology at the epoch boundary."
+    )
 
 
 def check_on_error(value: str) -> str:
@@ -179,13 +208,23 @@ class BadRecordWarning(UserWarning):
     """The first bad record a step skipped under ``on_error="skip"``."""
 
 
+def _skipping_policies(node: Any) -> Iterator[ErrorPolicy]:
+    """The skipping policies of a built graph's steps, in :func:`nodes.base.walk_graph`'s
+    order (walked here: this module sits below the node contract)."""
+    if node is None:
+        return
+    policy = node.errors
+    if isinstance(policy, ErrorPolicy) and policy.skip:
+        yield policy
+    for upstream in node.inputs:
+        yield from _skipping_policies(upstream)
+
+
 def loss_counts(root: Any) -> dict[str, dict[str, int]]:
     """What the skips of each step of a built graph lost (see :meth:`ErrorPolicy.losses`)."""
     counts: dict[str, dict[str, int]] = {}
-    for node in walk_graph(root):
-        policy = node.errors
-        if isinstance(policy, ErrorPolicy) and policy.skip:
-            add_losses(counts.setdefault(policy.step, {}), policy.losses())
+    for policy in _skipping_policies(root):
+        add_losses(counts.setdefault(policy.step, {}), policy.losses())
     return counts
 
 
@@ -220,8 +259,6 @@ def add_losses(into: dict[str, int], losses: dict[str, int]) -> dict[str, int]:
 def skip_counts(root: Any) -> dict[str, int]:
     """Bad records skipped so far by each step of a built graph, keyed by the step's recipe."""
     counts: dict[str, int] = {}
-    for node in walk_graph(root):
-        policy = node.errors
-        if isinstance(policy, ErrorPolicy) and policy.skip:
-            counts[policy.step] = counts.get(policy.step, 0) + policy.count
+    for policy in _skipping_policies(root):
+        counts[policy.step] = counts.get(policy.step, 0) + policy.count
     return counts

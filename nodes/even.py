@@ -116,6 +116,7 @@ class EvenBatchesNode(Node):
     """
 
     kind = "even_batches"
+    drop_label = "even_batches (Loader)"  # it counts the items it drops in ``dropped``
 
     def __init__(
         self, upstream: Node, agreement: RankAgreement, *, rank: int, epoch: Callable[[], int]
@@ -130,10 +131,6 @@ class EvenBatchesNode(Node):
         self._ahead: deque[tuple[Any, State]] = deque()
         self._granted = 0
         self._position: State | None = None
-
-    #: Items dropped at the end of this epoch so that every rank yields as many.
-    dropped = 0
-    drop_label = "even_batches (Loader)"
 
     def reset(self, state: State | None = None) -> None:
         self._up.reset(None if state is None else state[UPSTREAM])

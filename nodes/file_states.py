@@ -1,4 +1,4 @@
-"""Validation of the states of file nodes: the listing, the plan's units, and cursors in files.
+"""Validation of a file reader's state: its unit in the plan, and its cursor in the file.
 
 A file reader's cursor is checked against the file it points into, which is
 opened for that (once per load): a byte offset past the end names the URL,
@@ -13,13 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from nodes.errors import InvalidStateError, StateMismatchError
-from nodes.files import FileSet, Unit
-from nodes.readers.lines import LineFormat
-from nodes.readers.npy import NpyFormat
-from nodes.readers.raw import BytesFormat
-from nodes.readers.reader import RecordFormat
-from nodes.readers.tar import TarFormat
+from nodes.errors import InvalidStateError
+from nodes.files import FileSet, Unit, check_listing
+from nodes.readers.format import RecordFormat
 from nodes.state_checks import (
     at,
     check_int,
@@ -30,33 +26,6 @@ from nodes.state_checks import (
     is_int,
 )
 from nodes.storage import SourceFile
-
-_TAR_BLOCK = 512
-_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which text readers skip
-
-
-def check_listing(files: FileSet, state: dict[str, Any], path: str) -> None:
-    """Refuse a state taken over another listing (its positions would point elsewhere)."""
-    saved = state.get("listing")
-    where = at(path, "listing")
-    expect_keys(saved, where, {"files", "digest"})
-    check_int(saved["files"], at(where, "files"))
-    if not isinstance(saved["digest"], str):
-        raise InvalidStateError(at(where, "digest"), "the listing's digest (a string)", saved)
-    ours = files.listing_state()
-    if saved != ours:
-        raise StateMismatchError(
-            f"{where}: the files changed since this state was taken: it was taken over "
-            f"{saved['files']} files (digest {saved['digest']}), {files.patterns!r} now lists "
-            f"{ours['files']} (digest {ours['digest']}). Resume needs the same files."
-        )
-
-
-def validate_file_list(files: FileSet, units: list[Unit], state: Any, path: str) -> None:
-    """A :class:`nodes.FileListNode` state: a position within this consumer's ``units``."""
-    expect_keys(state, path, {"position", "listing"})
-    check_listing(files, state, path)
-    expect_int(state, "position", path, 0, len(units))
 
 
 class _CursorChecks(threading.local):
@@ -123,107 +92,11 @@ def validate_reader(
 def check_cursor(
     fmt: RecordFormat, source: SourceFile, cursor: Any, part: int, parts: int, path: str
 ) -> None:
-    """Refuse a cursor that does not point where a block of ``source`` starts.
+    """Refuse a cursor that does not point where a block of ``source`` starts
+    (:meth:`RecordFormat.check_cursor`; a format of the user's keeps its cursors opaque)."""
+    from nodes.readers.npy import NpyFormat  # it imports the reader, which imports us
 
-    A format this module does not know (a user's) keeps its cursors opaque.
-    """
-    if isinstance(fmt, LineFormat):
-        _line_cursor(fmt, source, cursor, path)
-    elif isinstance(fmt, TarFormat):
-        _tar_cursor(source, cursor, path)
-    elif isinstance(fmt, NpyFormat):
+    if isinstance(fmt, NpyFormat):  # it has no check_cursor of its own yet
         check_int(cursor, path)  # the row: bounded by the file's rows when it is opened
-    elif isinstance(fmt, BytesFormat):
-        raise InvalidStateError(path, "null (a whole file is one block)", cursor)
-
-
-def _size(source: SourceFile) -> int | None:
-    """The file's size when its offsets are bytes of it (uncompressed), else ``None``."""
-    if not source.seekable:
-        return None
-    try:
-        return source.size()
-    except OSError:
-        return None  # unreachable now: the resume reports it as it reads
-
-
-def _past_end(source: SourceFile, offset: int, size: int | None, path: str) -> None:
-    raise InvalidStateError(
-        path,
-        f"a byte offset within {source.url}"
-        + (f" (size {size} bytes)" if size is not None else ""),
-        offset,
-        note="the cursor points past the end of the file: the file changed, or the state is "
-        "corrupt",
-    )
-
-
-def _line_cursor(fmt: LineFormat, source: SourceFile, cursor: Any, path: str) -> None:
-    if not isinstance(cursor, list) or len(cursor) != 3:
-        raise InvalidStateError(path, "[byte offset, line number or -1, block number]", cursor)
-    offset = check_int(cursor[0], at(path, 0))
-    line = check_int(cursor[1], at(path, 1), -1)
-    if line == 0:
-        raise InvalidStateError(at(path, 1), "a line number >= 1, or -1 (not counted)", line)
-    check_int(cursor[2], at(path, 2))
-    size = _size(source)
-    if size is not None and offset > size:
-        _past_end(source, offset, size, at(path, 0))
-    data_start = fmt.prepare(source)[0] if offset else 0
-    if offset < data_start:
-        raise InvalidStateError(
-            at(path, 0), f"an offset >= {data_start} (after the header of {source.url})", offset
-        )
-    if offset == data_start:
-        return
-    if offset == len(_BOM) and getattr(fmt, "strips_bom", False):
-        with source.open(0) as f:
-            if f.read(len(_BOM)) == _BOM:
-                return  # the first record, after a byte order mark
-    with source.open(offset - 1) as f:
-        before = f.read(1)
-    if not before:
-        _past_end(source, offset, size, at(path, 0))
-    if before != b"\n":
-        raise InvalidStateError(
-            at(path, 0),
-            f"the byte offset of a record start in {source.url} (just after a line break)",
-            offset,
-            note=f"byte {offset - 1} is {before!r}: the cursor was moved, or the file changed",
-        )
-
-
-def _tar_cursor(source: SourceFile, cursor: Any, path: str) -> None:
-    if not isinstance(cursor, list) or len(cursor) != 2:
-        raise InvalidStateError(path, "[header offset, sample number]", cursor)
-    offset = check_int(cursor[0], at(path, 0))
-    check_int(cursor[1], at(path, 1))
-    if offset % _TAR_BLOCK:
-        raise InvalidStateError(at(path, 0), "a multiple of 512 (a tar header offset)", offset)
-    size = _size(source)
-    if size is not None and offset >= size:
-        _past_end(source, offset, size, at(path, 0))
-    with source.open(offset) as f:
-        header = f.read(_TAR_BLOCK)
-    if not header and size is None:
-        _past_end(source, offset, size, at(path, 0))
-    if header and header.strip(b"\0") and not _valid_tar_header(header):
-        raise InvalidStateError(
-            at(path, 0),
-            f"the offset of a tar member header in {source.url}",
-            offset,
-            note="the block there is no header: the cursor was moved, or the file changed",
-        )
-
-
-def _valid_tar_header(block: bytes) -> bool:
-    """Whether a 512-byte block is a tar header with a matching checksum."""
-    if len(block) < _TAR_BLOCK:
-        return False
-    field = block[148:156].split(b"\0", 1)[0].strip()
-    try:
-        saved = int(field or b"0", 8)
-    except ValueError:
-        return False
-    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:_TAR_BLOCK])
-    return saved == unsigned
+    else:
+        fmt.check_cursor(source, cursor, path)

@@ -10,8 +10,11 @@ from typing import Any
 import numpy as np
 
 from nodes import elastic as el
-from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
+from nodes.base import Context, Node, NotReset, State
+from nodes.errors import InvalidStateError, StateMismatchError
+from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.rng import IndexPermutation
+from nodes.state_checks import at, check_int, expect_int, expect_keys
 from nodes.storage import SourceFile, as_patterns, list_files, listing_digest
 from nodes.storage.retry import RetryPolicy
 
@@ -217,7 +220,6 @@ class FileListNode(Node):
     kind = "file list"
     elastic = "source"
     elastic_kind = el.FILES
-    place: str | None = None
 
     def __init__(self, files: FileSet, ctx: Context) -> None:
         super().__init__()
@@ -249,8 +251,6 @@ class FileListNode(Node):
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         """Refuse a position outside this consumer's files, or one taken over other files."""
-        from nodes.file_states import validate_file_list  # it imports this module
-
         units = consumer_units(self._files, self._ctx, self.place, False)[0]
         validate_file_list(self._files, units, state, path)
 
@@ -269,3 +269,27 @@ class FileListNode(Node):
         else:
             units = consumer_units(self._files, self._ctx, self.place, False)[0]
         return [unit_piece(unit) for unit in units]
+
+
+def check_listing(files: FileSet, state: dict[str, Any], path: str) -> None:
+    """Refuse a state taken over another listing (its positions would point elsewhere)."""
+    saved = state.get("listing")
+    where = at(path, "listing")
+    expect_keys(saved, where, {"files", "digest"})
+    check_int(saved["files"], at(where, "files"))
+    if not isinstance(saved["digest"], str):
+        raise InvalidStateError(at(where, "digest"), "the listing's digest (a string)", saved)
+    ours = files.listing_state()
+    if saved != ours:
+        raise StateMismatchError(
+            f"{where}: the files changed since this state was taken: it was taken over "
+            f"{saved['files']} files (digest {saved['digest']}), {files.patterns!r} now lists "
+            f"{ours['files']} (digest {ours['digest']}). Resume needs the same files."
+        )
+
+
+def validate_file_list(files: FileSet, units: list[Unit], state: Any, path: str) -> None:
+    """A :class:`nodes.FileListNode` state: a position within this consumer's ``units``."""
+    expect_keys(state, path, {"position", "listing"})
+    check_listing(files, state, path)
+    expect_int(state, "position", path, 0, len(units))

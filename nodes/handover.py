@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from nodes.tensor_tree import apply_to_tensors
 from nodes.torchdata_adapter import new_shared_storage
 
 #: Tensors up to this size travel from a worker inside the pickled item. Larger ones
@@ -97,10 +98,6 @@ def inline_small_tensors(item: Any) -> Any:
     tensors over ``INLINE_TENSOR_BYTES`` take torch's shared-memory path.
     Containers keep their types (see :func:`nodes.apply_to_tensors`).
     """
-    # Here, not at the top: nodes.collate imports this module, and nodes.device imports
-    # the nodes that import nodes.collate.
-    from nodes.device import apply_to_tensors
-
     storages: dict[int, int] = {}
 
     def count(tensor: torch.Tensor) -> torch.Tensor:

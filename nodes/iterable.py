@@ -11,6 +11,7 @@ from torch.utils.data import IterableDataset
 from nodes.base import Context, Node, NotReset, State
 from nodes.errors import InvalidStateError
 from nodes.hf_iterable import hf_part, is_hf_iterable
+from nodes.origins import OriginReader, refuse_random_map
 from nodes.state_checks import expect_dict, expect_int, expect_keys
 from nodes.worker_info import consumer_worker_info, started_with
 
@@ -183,6 +184,14 @@ class IterableNode(Node):
 
     def __iter__(self) -> Iterator[Any]:
         return self._it if self.stateful else self
+
+    def origin_reader(self) -> OriginReader:
+        raise refuse_random_map(
+            self,
+            "(from_iterable) has no positions in the epoch",
+            "after a .shard() (which numbers the stream's items), or use dp.from_sequence / "
+            "dp.files",
+        )
 
     def state_dict(self) -> State:
         if self.stateful:

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.origins import OriginReader, reads_ahead
 from nodes.state_checks import at, expect_int, expect_ints, expect_keys
 
 METHODS = ("thread", "process")
@@ -240,6 +241,9 @@ class ParallelMapNode(Node):
 
     def last_origin(self) -> Any:
         return self._up.last_origin()  # inline: the item just mapped is upstream's last
+
+    def origin_reader(self) -> OriginReader:
+        raise reads_ahead(self)
 
     def in_flight(self) -> list[Any]:
         """The items after the first one not returned that an unordered map had not returned."""

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from nodes.base import Node, State
+from nodes.origins import OriginReader, reads_ahead
 
 _END = object()
 _POLL_SECONDS = 0.1
@@ -87,6 +88,12 @@ class PrefetchNode(Node):
 
     def begin_conversion(self) -> None:
         self._inline = True
+
+    def origin_reader(self) -> OriginReader:
+        raise reads_ahead(self)
+
+    def plain_origins(self) -> bool:
+        return False  # its last_origin is its input's last, read ahead of the item it returned
 
     def __iter__(self) -> Any:
         return iter(self._up) if self._inline else self

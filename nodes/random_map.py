@@ -7,13 +7,14 @@ DataLoader workers and ranks, after a resume and in a new process, and new
 ones in a new epoch. Nothing is kept between items, so the node is
 transparent: its state is its input's.
 
-The origin is asked of the input after each item (:func:`origin_reader`):
-sources know it (:meth:`nodes.Node.last_origin`), steps that hand items on one
-for one pass it through, a buffer shuffle and a ``flat_map`` note it beside
-the items they hold (``track_origins``), a batch has its last item's. Steps
-that read ahead on a thread or in processes (``prefetch``, a parallel map,
-DataLoader workers) cannot say which item they returned: a ``random_map``
-above them is refused when the graph is built, saying where to put it.
+The origin is asked of the input after each item, through the call its
+:meth:`nodes.Node.origin_reader` returns (see :mod:`nodes.origins`): sources
+know it (:meth:`nodes.Node.last_origin`), steps that hand items on one for one
+pass it through, a buffer shuffle and a ``flat_map`` note it beside the items
+they hold (``track_origins``), a batch has its last item's. Steps that read
+ahead on a thread or in processes (``prefetch``, a parallel map, DataLoader
+workers) cannot say which item they returned: a ``random_map`` above them is
+refused when the graph is built, saying where to put it.
 """
 
 from __future__ import annotations
@@ -29,16 +30,13 @@ from typing import Any
 import numpy as np
 
 from nodes.base import Context, Node, State
+from nodes.origins import OriginReader
+from nodes.origins import RandomMapError as RandomMapError  # its error, where users look
 from nodes.rng import stable_hash
 from nodes.transforms import StatelessStep
 
-Origin = tuple[Any, ...]  # (source place, canonical ints or strings...)
-OriginReader = Callable[[], Origin]
-
 _MASK64 = (1 << 64) - 1
 _TOP_BIT = 1 << 63
-#: Keys of a piece that say which outputs of a flat_map remain, not which item it is.
-_SELECTION = ("outputs", "from", "upto")
 
 
 #: The global RNGs ``global_rng=True`` seeds per item and restores after it.
@@ -62,10 +60,6 @@ def global_rngs(value: bool | str | Sequence[str]) -> tuple[str, ...]:
             f"(the global RNGs to seed per item), got {value!r}"
         )
     return tuple(name for name in GLOBAL_RNGS if name in names)
-
-
-class RandomMapError(ValueError):
-    """A ``random_map`` sits where it cannot know which item it is given."""
 
 
 class RandomMapNode(StatelessStep):
@@ -117,12 +111,15 @@ class RandomMapNode(StatelessStep):
         self._global = bool(names)
         self._globals = tuple(name in names for name in GLOBAL_RNGS)
         # Refused here, when the graph is built, rather than at the first item.
-        self._origin = origin_reader(upstream)
+        self._origin = upstream.origin_reader()
         self._places: dict[Any, int] = {}
         self._bg = np.random.Philox(key=[0, 0])
         self._counter = np.zeros(4, dtype=np.uint64)
         self._rng_refs, self._bg_refs = self._count_references()
         self._warned_thread = False
+
+    def origin_reader(self) -> OriginReader:
+        return self._origin  # the same item, so the same origin: a random_map above asks it
 
     def reset(self, state: State | None = None) -> None:
         self._up.reset(state)
@@ -224,117 +221,3 @@ class RandomMapNode(StatelessStep):
 
 def _keep_nothing(item: Any, rng: np.random.Generator) -> Any:
     return item
-
-
-# ----- where the last item came from ----------------------------------------------------------
-
-
-def source_origin(place: Any, piece: dict[str, Any]) -> Origin:
-    """An item's origin from its source's piece: canonical plain values, no selection.
-
-    Positions (sequences, ``shard`` streams) are the position in the epoch.
-    Records of files are (file, block cursor, index in the block), plus the
-    file's part when the file is split among consumers (fewer files than
-    consumers): block boundaries then depend on the parts.
-    """
-    bounds = piece.get("range")
-    if bounds is not None:
-        return place, bounds[0]
-    if "file" in piece:
-        part, parts = piece["part"]
-        cursor = repr(piece["cursor"])
-        if parts == 1:
-            return place, piece["file"], cursor, piece["index"]
-        return place, piece["file"], part, parts, cursor, piece["index"]
-    rest = sorted((k, repr(v)) for k, v in piece.items() if k not in _SELECTION)
-    return place, repr(rest)
-
-
-def origin_reader(node: Node) -> OriginReader:
-    """A call that says where the last item ``node`` returned came from.
-
-    Turns on origin notes in the buffers below (``track_origins``), so call it
-    before the graph is reset. Raises :class:`RandomMapError` naming the step
-    that cannot say, and where to put the ``random_map`` instead.
-    """
-    from nodes.combine import ConcatNode, MixNode
-    from nodes.shuffle import BufferShuffleNode
-    from nodes.transforms import FlatMapNode, TakeNode
-
-    if isinstance(node, RandomMapNode):
-        return node._origin
-    if node.elastic == "source":
-        last = node.last_origin
-        return lambda: source_origin(*last())
-    if isinstance(node, BufferShuffleNode):
-        node.track_origins(origin_reader(node.inputs[0]))
-        return node.last_origin
-    if isinstance(node, FlatMapNode):
-        node.track_origins(origin_reader(node.inputs[0]))
-
-        def flat_map_origin() -> Origin:
-            parent, output = node.last_output()
-            return (*parent, output)
-
-        return flat_map_origin
-    if isinstance(node, ConcatNode | MixNode):
-        for branch in node.inputs:
-            if not _plain_chain(branch):
-                raise _refusal(
-                    node,
-                    "has an input with a step that holds items (a buffer shuffle, flat_map, "
-                    "batch), whose origins it does not pass on",
-                    f"on each input of the {node.kind} (after its buffers)",
-                )
-        last = node.last_origin
-        return lambda: source_origin(*last())
-    if _reads_ahead(node):
-        raise _refusal(
-            node,
-            "reads ahead in the background (a thread, a pool, DataLoader workers), so the "
-            "item it returns is not the one its input read last",
-            f"before the {node.kind}",
-        )
-    if (node.elastic == "transparent" or isinstance(node, TakeNode)) and len(node.inputs) == 1:
-        return origin_reader(node.inputs[0])  # one item out per item in, nothing held: batch too
-    if node.kind == "iterable source":
-        raise _refusal(
-            node,
-            "(from_iterable) has no positions in the epoch",
-            "after a .shard() (which numbers the stream's items), or use dp.from_sequence / "
-            "dp.files",
-        )
-    raise _refusal(
-        node, "cannot say which item of the epoch it returned", f"before the {node.kind}"
-    )
-
-
-def _reads_ahead(node: Node) -> bool:
-    from nodes.parallel_map import ParallelMapNode
-    from nodes.prefetch import PrefetchNode
-    from nodes.workers import WorkerStreamNode
-
-    return isinstance(node, PrefetchNode | ParallelMapNode | WorkerStreamNode)
-
-
-def _plain_chain(node: Node) -> bool:
-    """Whether ``node.last_origin()`` answers without notes: one-for-one steps to sources."""
-    from nodes.combine import ConcatNode, MixNode
-
-    while node.elastic != "source":
-        if isinstance(node, ConcatNode | MixNode):
-            return all(_plain_chain(branch) for branch in node.inputs)
-        if node.elastic != "transparent" or len(node.inputs) != 1 or _reads_ahead(node):
-            return False
-        if node.kind == "batch":  # its own last_origin needs notes
-            return False
-        node = node.inputs[0]
-    return True
-
-
-def _refusal(node: Node, why: str, where: str) -> RandomMapError:
-    return RandomMapError(
-        f"random_map seeds each item from where the item sits in the epoch, and the step "
-        f"'{node.kind}' below it {why}. Put .random_map(...) {where}; its draws stay the "
-        "same there, item by item."
-    )

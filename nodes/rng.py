@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from nodes.base import list_iterator_position, positioned_iterator
+from nodes.iterators import list_iterator_position, positioned_iterator
 
 _BLOCK = 1024
 _MASK64 = (1 << 64) - 1

@@ -55,7 +55,6 @@ class ShardNode(Node):
     kind = "shard"
     elastic = "source"
     elastic_kind = el.STREAM
-    place: str | None = None
 
     def __init__(self, upstream: Node, ctx: Context) -> None:
         super().__init__(upstream)

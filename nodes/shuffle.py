@@ -9,6 +9,7 @@ from typing import Any
 
 from nodes.base import UPSTREAM, Context, Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.origins import OriginReader
 from nodes.rng import UniformStream
 from nodes.state_checks import at, expect_bool, expect_int, expect_ints, expect_keys
 
@@ -182,6 +183,10 @@ class BufferShuffleNode(Node):
 
     def last_origin(self) -> Any:
         return self._last
+
+    def origin_reader(self) -> OriginReader:
+        self.track_origins(self._up.origin_reader())
+        return self.last_origin
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         keys = {UPSTREAM, "anchor_seq", "seq", "slots", "draws", "exhausted"}

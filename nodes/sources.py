@@ -10,15 +10,9 @@ from typing import Any
 import numpy as np
 
 from nodes import elastic as el
-from nodes.base import (
-    Context,
-    Node,
-    NotReset,
-    State,
-    list_iterator_position,
-    positioned_iterator,
-)
-from nodes.batched_fetch import (
+from nodes.base import Context, Node, NotReset, State
+from nodes.elastic import POSITIONS
+from nodes.getitems import (
     FETCH_CHUNK,
     batched_getter,
     collate_columns,
@@ -27,7 +21,7 @@ from nodes.batched_fetch import (
     rows_are_split_columns,
     rows_of,
 )
-from nodes.elastic import POSITIONS
+from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.rng import IndexPermutation
 from nodes.state_checks import expect_int, expect_keys
 
@@ -63,7 +57,6 @@ class SequenceNode(Node):
     kind = "sequence source"
     elastic = "source"
     elastic_kind = POSITIONS
-    place: str | None = None
 
     def __init__(
         self,

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from nodes.base import Context, Node
+from nodes.errors import InvalidStateError
 
 NodeFactory = Callable[[Context], Node]
 
@@ -303,8 +304,6 @@ def check_hostile_states(make: Callable[[], Node], k: int) -> int:
     Nodes that keep the default hook (a custom node's state is opaque) are
     only checked not to fail with another exception. Returns the cases tried.
     """
-    from nodes.errors import InvalidStateError
-
     node = make()
     node.reset(None)
     list(islice(node, k))
@@ -356,8 +355,6 @@ def _owner_of(node: Node, state: dict[str, Any]) -> Node | None:
 
 
 def _resume_a_little(make: Callable[[], Node], state: dict[str, Any], what: str) -> None:
-    from nodes.errors import InvalidStateError
-
     node = make()
     try:
         node.reset(state)

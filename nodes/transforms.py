@@ -7,17 +7,12 @@ from itertools import chain
 from typing import Any
 
 from nodes import elastic as el
-from nodes.base import (
-    UPSTREAM,
-    Node,
-    NotReset,
-    ScopedContext,
-    State,
-    list_iterator_position,
-    positioned_iterator,
-)
+from nodes.base import UPSTREAM, Node, NotReset, ScopedContext, State
 from nodes.batch import BatchNode, unbatch_items
 from nodes.errors import InvalidStateError
+from nodes.iterators import list_iterator_position, positioned_iterator
+from nodes.origins import Origin, OriginReader
+from nodes.parallel_map import ParallelMapNode
 from nodes.state_checks import at, expect_bool, expect_int, expect_keys
 
 _END = object()
@@ -219,6 +214,15 @@ class FlatMapNode(Node):
         done = list_iterator_position(self._current, self._current_len)
         return self._outputs_origin([self._original(done - 1)])[0]
 
+    def origin_reader(self) -> OriginReader:
+        self.track_origins(self._up.origin_reader())
+
+        def flat_map_origin() -> Origin:
+            parent, output = self.last_output()
+            return (*parent, output)
+
+        return flat_map_origin
+
     def in_flight(self) -> list[Any]:
         """The outputs of the current parent that were not returned yet."""
         if self._current is None:
@@ -236,7 +240,7 @@ def _leading_selections(node: Node) -> list[el.Piece]:
         if not _keeps_order(node) or isinstance(node, BatchNode):
             return []  # the selections belong to a flat_map below, or parents are batches
         node = node.inputs[0]
-    plan = getattr(node, "_plan", None)
+    plan = getattr(node, "_plan", None)  # a source's dealt pieces (a dispatched one's too)
     selections = []
     for piece in plan or ():
         if not el.has_selection(piece):
@@ -267,8 +271,6 @@ def _check_order_kept(flat_map: Node, node: Node) -> None:
 
 def _keeps_order(node: Node) -> bool:
     """Whether ``node`` hands on its input's items in their order (it may drop some)."""
-    from nodes.parallel_map import ParallelMapNode  # it imports this module's neighbours
-
     if len(node.inputs) != 1:
         return False
     return node.elastic == "transparent" or (
@@ -302,6 +304,9 @@ class TakeNode(Node):
         item = next(self._src)
         self._taken += 1
         return item
+
+    def origin_reader(self) -> OriginReader:
+        return self._up.origin_reader()  # one item out per item in, nothing held
 
     def state_dict(self) -> State:
         return {UPSTREAM: self._up.state_dict(), "taken": self._taken}

@@ -11,9 +11,11 @@ from typing import Any, NoReturn
 from nodes import torchdata_adapter as torchdata
 from nodes.base import Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.origins import OriginReader, reads_ahead
 from nodes.parent_watch import WatchMainProcess
 from nodes.rng import stable_hash
 from nodes.worker_bundles import FailedInBundle
+from nodes.worker_states import validate_workers_state
 
 #: The main process snapshots the workers' states every ``SNAPSHOT_EVERY``
 #: items (torchdata's ``snapshot_every_n_steps``); workers send their states
@@ -393,8 +395,6 @@ class WorkerStreamNode(Node):
     def validate_state(self, state: Any, path: str = "node") -> None:
         """Refuse a state the workers could not resume: every worker's snapshot is checked
         against the graph that worker builds (in this process, before any worker starts)."""
-        from nodes.worker_states import validate_workers_state
-
         every = self._options.get("snapshot_every_n_steps", SNAPSHOT_EVERY)
         validate_workers_state(
             self._dataset,
@@ -406,6 +406,9 @@ class WorkerStreamNode(Node):
             max_replay=SNAPSHOT_EVERY - 1,  # a state rebuilt from the last good one (_position)
             items_per_transfer=self._per_transfer,
         )
+
+    def origin_reader(self) -> OriginReader:
+        raise reads_ahead(self)
 
     def close(self) -> None:
         if self._closed_state is None and self._loader is not None:

@@ -16,7 +16,8 @@ from torch.utils.data import Dataset
 
 import datapipes as dp
 from nodes import Context, default_collate, no_collate
-from nodes.batched_fetch import FETCH_CHUNK, FetchBatchNode
+from nodes.batched_fetch import FetchBatchNode
+from nodes.getitems import FETCH_CHUNK
 from nodes.testing import check_node
 
 # ----- datasets ---------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from nodes import (
     ZipNode,
     no_collate,
 )
-from nodes.base import list_iterator_position
+from nodes.iterators import list_iterator_position
 from nodes.testing import check_node
 
 

@@ -605,7 +605,7 @@ def test_a_5_mb_single_line_record_is_read(tmp_path: Path):
 
 def test_a_long_line_is_scanned_once(tmp_path: Path):
     """Each read of a long record is searched for a line break once, never the whole buffer."""
-    from nodes.readers.lines import JsonLinesFormat
+    from nodes.readers.jsonl import JsonLinesFormat
 
     class Counting(JsonLinesFormat):
         scanned = 0

@@ -25,7 +25,7 @@ from subprocess_helpers import run_python
 import datapipes as dp
 from nodes import Context
 from nodes.readers import JsonLinesFormat
-from nodes.readers import lines as lines_module
+from nodes.readers import jsonl as jsonl_module
 
 BLOCK_SIZES = [1 << 16, 256, 61]
 
@@ -46,9 +46,9 @@ def parser(request, monkeypatch) -> Parser:
             chosen.calls.append(len(data))
             return orjson.loads(data)
 
-        monkeypatch.setattr(lines_module, "_orjson_loads", spy)
+        monkeypatch.setattr(jsonl_module, "_orjson_loads", spy)
     else:
-        monkeypatch.setattr(lines_module, "_orjson_loads", None)
+        monkeypatch.setattr(jsonl_module, "_orjson_loads", None)
     return chosen
 
 
@@ -187,8 +187,8 @@ WITHOUT_ORJSON = """
 import json, sys
 sys.modules["orjson"] = None  # importing it fails, as where it is not installed
 import datapipes as dp
-from nodes.readers import lines
-assert lines._orjson_loads is None
+from nodes.readers import jsonl
+assert jsonl._orjson_loads is None
 pipe = dp.files(sys.argv[1]).read_jsonl(block_size=256, on_error="skip")
 print(json.dumps(list(dp.Loader(pipe))))
 """
@@ -273,7 +273,7 @@ def test_bad_lines_skipped_and_counted(tmp_path, parser, case, block_size):
 
 
 def test_a_line_too_deep_for_the_stdlib_is_a_bad_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(lines_module, "_orjson_loads", None)
+    monkeypatch.setattr(jsonl_module, "_orjson_loads", None)
     deep = "[" * 100_000 + "]" * 100_000
     url = write(tmp_path, "deep.jsonl", f'{{"a": 1}}\n{deep}\n{{"b": 2}}\n'.encode())
     node = read_node(url, 1 << 16, on_error="skip")
@@ -311,7 +311,7 @@ def test_resume_states_are_the_same_on_both_paths(tmp_path, monkeypatch, block_s
     url = write(tmp_path, "resume.jsonl", data)
     stops = [0, 1, 17, 18, 40, len(expected) - 1, len(expected)]
     fast_states, fast_rest = states_and_records(url, block_size, stops)
-    monkeypatch.setattr(lines_module, "_orjson_loads", None)
+    monkeypatch.setattr(jsonl_module, "_orjson_loads", None)
     slow_states, slow_rest = states_and_records(url, block_size, stops)
     assert fast_states == slow_states
     for stop, fast, slow in zip(stops, fast_rest, slow_rest):
@@ -344,9 +344,9 @@ JUNK_LINES = st.text(alphabet='[]{},:" \t\r0123456789-.eEnul\\', max_size=12)
 
 def _formats() -> tuple[JsonLinesFormat | None, JsonLinesFormat]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lines_module, "_orjson_loads", None)
+        patch.setattr(jsonl_module, "_orjson_loads", None)
         stdlib = JsonLinesFormat()
-    fast = JsonLinesFormat() if lines_module._orjson_loads is not None else None
+    fast = JsonLinesFormat() if jsonl_module._orjson_loads is not None else None
     return fast, stdlib
 
 

@@ -450,7 +450,7 @@ def source_labels(pipe: DataPipe[Any], state: dict[str, Any], epoch: int) -> dic
     try:
         graph_record(root, part, nodes=nodes, pipes=pipes)
         for key, node in nodes.items():
-            place = getattr(node, "place", None)
+            place = node.place
             if node.elastic == "source" and place is not None and key in pipes:
                 labels.setdefault(place, repr(pipes[key]))
     except Exception:  # noqa: BLE001

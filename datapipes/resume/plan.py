@@ -233,7 +233,7 @@ def validate_plans(
         try:
             places = set()
             for node in walk_graph(root):
-                if node.elastic == "source" and getattr(node, "place", None) in plan:
+                if node.elastic == "source" and node.place in plan:
                     places.add(node.place)
                     node.validate_plan(plan[node.place], f"{path}[{worker}][{node.place!r}]")
             unknown = set(plan) - places

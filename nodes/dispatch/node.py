@@ -36,8 +36,8 @@ class DispatchedSourceNode(Node):
         super().__init__(inner)
         self._inner = inner
         self._dispatcher = dispatcher
-        self.place = inner.place  # type: ignore[attr-defined]
-        self.elastic_kind = inner.elastic_kind  # type: ignore[attr-defined]
+        self.place = inner.place
+        self.elastic_kind = inner.elastic_kind
         self._claims: list[int] = []
         self._it: Iterator[Any] = NotReset(self)
         self._was_reset = False
@@ -131,7 +131,7 @@ class DispatchedSourceNode(Node):
         self._dispatcher.note_live(self.place)
         if not self._was_reset:
             return []
-        return self._inner.untouched() if self._claims else []  # type: ignore[attr-defined]
+        return self._inner.untouched() if self._claims else []
 
     def begin_conversion(self) -> None:
         self._inner.begin_conversion()

@@ -43,7 +43,6 @@ from nodes.elastic.pieces import (
     POSITIONS,
     RECORDS,
     STREAM,
-    ElasticResumeError,
     Origin,
     Piece,
     Work,
@@ -56,7 +55,6 @@ from nodes.elastic.pieces import (
     plan_starts,
     position_at,
     positions,
-    refuse,
     reranged,
     reranged_record,
     rest_of_plan,
@@ -74,6 +72,7 @@ from nodes.elastic.work import (
     merge_work,
     normalize,
 )
+from nodes.errors import ElasticResumeError, refuse
 
 __all__ = [
     "BATCH",

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from nodes.elastic.pieces import Work, item_origins, refuse
+from nodes.elastic.pieces import Work, item_origins
 from nodes.elastic.work import add_work
+from nodes.errors import refuse
 
 if TYPE_CHECKING:
     from nodes.base import Node, State

@@ -9,14 +9,10 @@ import heapq
 from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import count
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nodes.errors import InvalidStateError, StateMismatchError
+from nodes.errors import InvalidStateError
 from nodes.state_checks import check_int, expect_bool, expect_int, expect_keys
-
-if TYPE_CHECKING:
-    from nodes.base import Node
-
 
 Piece = dict[str, Any]
 Origin = tuple[str, Piece]  # (the source's place, a piece of one item)
@@ -41,24 +37,6 @@ Work = dict[str, dict[str, Any]]  # place -> {"kind": ..., "pieces": [...]}
 
 #: The kinds of source, by how their pieces are dealt.
 POSITIONS, STREAM, RECORDS, FILES = "positions", "stream", "records", "files"
-
-
-class ElasticResumeError(StateMismatchError):
-    """A checkpoint cannot resume exactly on another topology: a step has no exact answer.
-
-    The message names the step and what would work instead (resume on the
-    saved topology, or a recipe whose steps can be re-dealt).
-    """
-
-
-def refuse(node: Node[Any], why: str) -> ElasticResumeError:
-    """The error for ``node`` that cannot take part in a resume on another topology."""
-    step = getattr(node, "kind", type(node).__name__)
-    return ElasticResumeError(
-        f"this checkpoint cannot resume on another topology: step '{step}' {why}. "
-        "Resume it with the world size and num_workers it was saved with (that stays exact), "
-        "or let the epoch end there and change the topology at the epoch boundary."
-    )
 
 
 # ----- pieces ---------------------------------------------------------------------------------

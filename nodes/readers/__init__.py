@@ -1,9 +1,12 @@
 """File readers: a node that deals file parts to consumers, and one format per file type."""
 
-from nodes.readers.lines import CsvFormat, JsonLinesFormat, LineFormat
+from nodes.readers.csv_format import CsvFormat
+from nodes.readers.format import RecordFormat
+from nodes.readers.jsonl import JsonLinesFormat
+from nodes.readers.lines import LineFormat
 from nodes.readers.npy import NpyFormat
 from nodes.readers.raw import BytesFormat
-from nodes.readers.reader import FileReaderNode, RecordFormat
+from nodes.readers.reader import FileReaderNode
 from nodes.readers.tar import TarFormat
 
 __all__ = [

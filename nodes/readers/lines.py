@@ -1,4 +1,4 @@
-"""Line-based text formats: plain lines, JSON lines and CSV.
+"""Line-based text: the block reading that plain lines, JSON lines and CSV share.
 
 A file (or a consumer's byte range of it) is read in blocks of about
 ``block_size`` bytes, each cut after its last complete record, so a block
@@ -10,40 +10,32 @@ Splitting a file among consumers: an uncompressed file is divided into
 byte ranges, each aligned to the next record start, and a record belongs to
 the range its first byte falls in. A compressed file cannot seek, so every
 consumer decompresses it and keeps every ``parts``-th block.
+
+The formats that decode lines further are :mod:`nodes.readers.jsonl` and
+:mod:`nodes.readers.csv_format`.
 """
 
 from __future__ import annotations
 
 import codecs
 import csv
-import io
 import json
-from bisect import bisect_right
 from collections.abc import Callable, Iterator
-from itertools import repeat
-from operator import itemgetter
 from typing import Any
 
-import numpy as np
-
-from nodes.errors import BadRecordError, ErrorPolicy
-from nodes.readers.reader import Cursor, RecordFormat
+from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
+from nodes.readers.format import Cursor, RecordFormat, past_end, source_size
+from nodes.state_checks import at as item_path
+from nodes.state_checks import check_int
 from nodes.storage import SourceFile, read_full
-
-try:  # optional (pip install datapipes-torch[json]): JSON lines decode about 2x faster
-    from orjson import loads as _orjson_loads
-except ImportError:  # pragma: no cover - the stdlib decodes the same records
-    _orjson_loads = None
 
 _UNBOUNDED = float("inf")
 
 #: The UTF-8 byte order mark some editors write at the start of a text file.
-_BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"
 
 #: What decoding a bad record raises; RecursionError: JSON nested deeper than Python's stack.
 _BAD_TEXT = (ValueError, UnicodeDecodeError, csv.Error, RecursionError)
-
-_first, _second = itemgetter(0), itemgetter(1)
 
 #: Bytes of text decoded per block. Measured: 32-64 KiB keeps a block in cache and
 #: matches a plain `for line in f: json.loads(line)` loop; 1 MiB blocks were 40% slower.
@@ -119,6 +111,42 @@ class LineFormat(RecordFormat):
         return line.decode(self.encoding).removesuffix("\r")
 
     # ----- blocks ------------------------------------------------------------
+    def check_cursor(self, source: SourceFile, cursor: Cursor, path: str) -> None:
+        """Refuse a cursor that is not ``[offset of a record start, line or -1, block]``."""
+        if not isinstance(cursor, list) or len(cursor) != 3:
+            raise InvalidStateError(path, "[byte offset, line number or -1, block number]", cursor)
+        at_offset, at_line = item_path(path, 0), item_path(path, 1)
+        offset = check_int(cursor[0], at_offset)
+        line = check_int(cursor[1], at_line, -1)
+        if line == 0:
+            raise InvalidStateError(at_line, "a line number >= 1, or -1 (not counted)", line)
+        check_int(cursor[2], item_path(path, 2))
+        size = source_size(source)
+        if size is not None and offset > size:
+            past_end(source, offset, size, at_offset)
+        data_start = self.prepare(source)[0] if offset else 0
+        if offset < data_start:
+            raise InvalidStateError(
+                at_offset, f"an offset >= {data_start} (after the header of {source.url})", offset
+            )
+        if offset == data_start:
+            return
+        if offset == len(BOM) and self.strips_bom:
+            with source.open(0) as f:
+                if f.read(len(BOM)) == BOM:
+                    return  # the first record, after a byte order mark
+        with source.open(offset - 1) as f:
+            before = f.read(1)
+        if not before:
+            past_end(source, offset, size, at_offset)
+        if before != b"\n":
+            raise InvalidStateError(
+                at_offset,
+                f"the byte offset of a record start in {source.url} (just after a line break)",
+                offset,
+                note=f"byte {offset - 1} is {before!r}: the cursor was moved, or the file changed",
+            )
+
     def blocks(
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
     ) -> Iterator[tuple[list[Any], Cursor]]:
@@ -143,9 +171,9 @@ class LineFormat(RecordFormat):
         with source.open(offset) as f:
             leftover = b""
             if offset == 0 and self.strips_bom:  # a UTF-8 byte order mark is no record
-                leftover = read_full(f, len(_BOM))
-                if leftover == _BOM:
-                    leftover, offset = b"", len(_BOM)
+                leftover = read_full(f, len(BOM))
+                if leftover == BOM:
+                    leftover, offset = b"", len(BOM)
             while True:
                 chunk, leftover, last = self._next_chunk(f, leftover, offset, end)
                 lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
@@ -236,243 +264,6 @@ class LineFormat(RecordFormat):
                     return records, (error, offset + at, line + line_offset if line > 0 else -1)
                 errors.handle(error)
         return records, None
-
-
-class JsonLinesFormat(LineFormat):
-    """One JSON value per line; blank lines are ignored.
-
-    With ``orjson`` installed (and no ``loads`` given), a block's lines are
-    parsed from its bytes by ``orjson.loads``; a block where orjson could
-    differ from :func:`json.loads` (it rejects NaN, Infinity, lone surrogates
-    and numbers beyond a double, and reads integers beyond 64 bits as floats)
-    takes the stdlib path, so the records are the same either way.
-    """
-
-    name = "read_jsonl"
-
-    def __init__(
-        self, block_size: int = RECORD_BLOCK_SIZE, loads: Callable[[str], Any] | None = None
-    ) -> None:
-        super().__init__("utf-8", block_size)
-        decoder = json.JSONDecoder()
-        self.loads = loads or decoder.decode
-        # The fast path calls the C scanner that json.loads ends in, skipping loads's per-call
-        # checks and whitespace regexes: measured 2.1 us instead of 3.1 us per 150-byte record.
-        self._scan = decoder.scan_once if loads is None else None
-        # orjson per line, guarded: measured 1.1-1.2 us instead of 2.3-2.7 us per 214-byte record
-        # of benchmarks/jsonl_pipeline.py. One orjson call on the whole block (the lines
-        # wrapped and joined into one array) parsed them in 0.8 us, but proving that the
-        # array's items are the lines (a line `1,2`, or `[1` followed by `2]`, must still be
-        # a bad record) cost more than it saved: 1.4 us.
-        self._fast_loads = _orjson_loads if loads is None else None
-
-    def decode_records(self, chunk: bytes, meta: Any) -> list[Any]:
-        if self._fast_loads is not None:
-            records = self._decode_fast(chunk)
-            if records is not None:
-                return records
-        lines = self.split_lines(chunk)
-        if self._scan is None:
-            return list(map(self.loads, lines))
-        # A line that is not exactly one JSON value (blank, padded, malformed) stops the
-        # scan early (StopIteration ends `list`) or ends elsewhere than the line's end; the
-        # whole block then takes the per-line path, which parses like json.loads.
-        parsed = list(map(self._scan, lines, repeat(0)))
-        if len(parsed) != len(lines) or list(map(_second, parsed)) != list(map(len, lines)):
-            raise ValueError("a line needs the per-line path")
-        return list(map(_first, parsed))
-
-    def _decode_fast(self, chunk: bytes) -> list[Any] | None:
-        """The chunk's records parsed by orjson; ``None`` where json.loads must decide."""
-        if _may_overflow_64_bits(chunk):
-            return None
-        lines = chunk.split(b"\n")
-        if not lines[-1]:
-            lines.pop()
-        loads = self._fast_loads
-        try:
-            return list(map(loads, lines))
-        except ValueError:  # orjson.JSONDecodeError: a blank or bad line, NaN, ...
-            pass
-        # Blank lines are ignored, as on the per-line path: parse the others.
-        kept = [line for line in lines if not self.ignores(line)]
-        if len(kept) == len(lines):
-            return None
-        try:
-            return list(map(loads, kept))
-        except ValueError:
-            return None
-
-    def ignores(self, line: bytes) -> bool:
-        return not line.strip()
-
-    def decode_one(self, line: bytes, meta: Any) -> Any:
-        return self.loads(line.decode())
-
-
-_DIGIT_IS_1 = bytes(48 <= byte <= 57 for byte in range(256))
-_NINETEEN_1 = b"\x01" * 19
-
-
-def _may_overflow_64_bits(chunk: bytes) -> bool:
-    """Whether ``chunk`` may hold an integer out of orjson's range, which it reads as a float.
-
-    Outside [-2**63, 2**64) a literal has 20 digits or more, or a minus sign
-    and 19 or more; digit runs inside strings and fractions count too (the
-    stdlib then parses the block, exactly). Measured: 1 us for 512 bytes with
-    bytes methods; 30 us for 64 KiB with numpy (0.1 us per 214-byte record),
-    whose fixed cost of about 9 us a call is the larger below 8 KiB.
-    """
-    if len(chunk) < 8192 and chunk.translate(_DIGIT_IS_1).find(_NINETEEN_1) < 0:
-        return False
-    text = np.frombuffer(chunk, np.uint8)
-    run = (text - 48) < 10  # uint8 arithmetic wraps: only b"0" ... b"9" are below 10
-    # run[i] <- whether text[i : i + k] is all digits, for k = 2, 4, 8, 16, 19
-    run = run[:-1] & run[1:]
-    run = run[:-2] & run[2:]
-    run = run[:-4] & run[4:]
-    run = run[:-8] & run[8:]
-    run = run[:-3] & run[3:]
-    if not run.any():
-        return False
-    return bool((run[:-1] & run[1:]).any() or ((text[:-19] == 45) & run[1:]).any())
-
-
-class CsvFormat(LineFormat):
-    """One ``dict`` per CSV row, keyed by the header row; values are strings.
-
-    Row ends are found by the csv module itself (quoted line breaks, escape
-    characters and stray quotes are judged as the rows are parsed), and the
-    rows parsed to find a block's end are the rows returned. A row with a
-    different number of fields than the header is a bad record. Splitting one
-    file among several consumers starts each byte range at a line break, so
-    it needs rows without quoted line breaks; files dealt whole have no limit.
-    """
-
-    name = "read_csv"
-
-    def __init__(
-        self, encoding: str = "utf-8", block_size: int = RECORD_BLOCK_SIZE, **fmtparams: Any
-    ) -> None:
-        super().__init__(encoding, block_size)
-        self.fmtparams = fmtparams
-        csv.reader([], **fmtparams)  # a bad dialect fails here
-        self._parsed: tuple[bytes, list[int], list[list[str]]] = (b"", [], [])
-
-    def prepare(self, source: SourceFile) -> tuple[int, int, Any]:
-        with source.open(0) as f:
-            data = b""
-            while True:
-                more = f.read(1 << 16)
-                data += more
-                end = self.record_end(data, 0)
-                if end or not more:
-                    break
-        head = data[: end or len(data)]
-        text = head.removeprefix(_BOM) if self.strips_bom else head
-        header = next(
-            csv.reader(io.StringIO(text.decode(self.encoding), newline=""), **self.fmtparams), None
-        )
-        if header is None:
-            return len(head), 0, []
-        return len(head), head.count(b"\n"), header
-
-    def block_end(self, buf: bytes) -> int:
-        ends = self._record_ends(buf)
-        return ends[-1] if ends else 0
-
-    def record_end(self, buf: bytes, start: int) -> int:
-        return next((end for end in self._record_ends(buf) if end > start), 0)
-
-    def _record_ends(self, buf: bytes) -> list[int]:
-        """Byte offsets just after each complete record of ``buf`` (which starts a record).
-
-        The csv module itself finds them, so quoted line breaks, escape
-        characters and quotes inside unquoted fields are judged as the rows
-        will be parsed. A record still open at the end of ``buf`` is left out.
-        """
-        line_ends = []
-        found = buf.find(b"\n")
-        while found >= 0:
-            line_ends.append(found + 1)
-            found = buf.find(b"\n", found + 1)
-        if not line_ends:
-            return []
-        try:
-            lines = buf[: line_ends[-1]].decode(self.encoding).split("\n")
-        except UnicodeDecodeError:  # the decoder reports it, record by record
-            return line_ends
-        lines.pop()
-        ran_out = False
-
-        def feed() -> Iterator[str]:
-            nonlocal ran_out
-            for line in lines:
-                yield line + "\n"
-            ran_out = True
-
-        reader = csv.reader(feed(), **self.fmtparams)
-        ends, rows = [], []
-        try:
-            for row in reader:
-                if ran_out:  # the reader wanted more lines: this record goes on past buf
-                    break
-                ends.append(line_ends[reader.line_num - 1])
-                rows.append(row)
-        except csv.Error:
-            pass  # a malformed row: the records before it are still whole
-        # The block about to be decoded is buf up to one of these ends: keep the parsed rows.
-        self._parsed = (buf, ends, rows)
-        return ends
-
-    def _rows(self, chunk: bytes) -> Any:
-        return csv.reader(io.StringIO(chunk.decode(self.encoding), newline=""), **self.fmtparams)
-
-    def _parsed_rows(self, chunk: bytes) -> list[list[str]] | None:
-        """The rows of ``chunk`` if finding its end parsed them already."""
-        buf, ends, rows = self._parsed
-        if not ends or len(chunk) > ends[-1] or not buf.startswith(chunk):
-            return None
-        count = bisect_right(ends, len(chunk))
-        return rows[:count] if count and ends[count - 1] == len(chunk) else None
-
-    def decode_records(self, chunk: bytes, meta: Any) -> list[Any]:
-        width = len(meta)
-        parsed = self._parsed_rows(chunk)
-        rows = [row for row in (self._rows(chunk) if parsed is None else parsed) if row]
-        if any(len(row) != width for row in rows):
-            raise ValueError("row width differs from the header")
-        return [dict(zip(meta, row)) for row in rows]
-
-    def decode_slowly(
-        self, chunk: bytes, meta: Any
-    ) -> Iterator[tuple[int, int, Callable[[], Any] | None]]:
-        reader = self._rows(chunk)
-        position = 0
-        while True:
-            line = reader.line_num
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as cause:
-                yield position, line, (lambda cause=cause: _raise(cause))
-                return
-            raw_end = self.record_end(chunk, position) or len(chunk)
-            if row:
-                yield position, line, (lambda row=row: self._row_dict(row, meta))
-            position = raw_end
-
-    def _row_dict(self, row: list[str], header: list[str]) -> dict[str, str]:
-        if len(row) != len(header):
-            raise ValueError(
-                f"the row has {len(row)} fields, the header {len(header)}: {row[:8]!r}"
-            )
-        return dict(zip(header, row))
-
-
-def _raise(error: Exception) -> Any:
-    raise error
 
 
 def _explain(cause: Exception) -> str:

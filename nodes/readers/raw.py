@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from nodes.errors import ErrorPolicy
-from nodes.readers.reader import Cursor, RecordFormat
+from nodes.errors import ErrorPolicy, InvalidStateError
+from nodes.readers.format import Cursor, RecordFormat
 from nodes.readers.tar import split_name
 from nodes.storage import SourceFile
 
@@ -21,6 +21,9 @@ class BytesFormat(RecordFormat):
 
     name = "read_bytes"
     splittable = False
+
+    def check_cursor(self, source: SourceFile, cursor: Cursor, path: str) -> None:
+        raise InvalidStateError(path, "null (a whole file is one block)", cursor)
 
     def blocks(
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy

@@ -8,36 +8,14 @@ from itertools import chain
 from typing import Any
 
 from nodes import elastic as el
-from nodes.base import Context, Node, NotReset, State, list_iterator_position, positioned_iterator
+from nodes.base import Context, Node, NotReset, State
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
+from nodes.file_states import check_cursor, validate_reader
 from nodes.files import FileSet, Unit, consumer_units, unit_piece
-from nodes.storage import SourceFile
+from nodes.iterators import list_iterator_position, positioned_iterator
+from nodes.readers.format import Cursor, RecordFormat
 
-Cursor = Any  # plain data (int, list of ints, dict) marking the start of a block
 Tally = tuple[int, int, int, int, int]  # ErrorPolicy.tally(): skips, files, ranges, bytes, rows
-
-
-class RecordFormat:
-    """How one file format turns a file (or a part of one) into blocks of records.
-
-    A format yields ``(records, cursor_after)`` pairs: a list of records and
-    a plain-data cursor from which :meth:`blocks` can start again to produce
-    exactly the blocks that follow (``None`` once the part is done). Block
-    boundaries must depend only on where a block starts, so that a resumed
-    reader re-reads the same block and skips to the same record.
-
-    ``splittable`` says whether a file can be divided among several consumers
-    (line-based text, rows of an array, samples of a tar); a format with one
-    record per file cannot.
-    """
-
-    name = "read"
-    splittable = True
-
-    def blocks(
-        self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
-    ) -> Iterator[tuple[list[Any], Cursor]]:
-        raise NotImplementedError
 
 
 class FileReaderNode(Node):
@@ -60,7 +38,6 @@ class FileReaderNode(Node):
     kind = "reader"
     elastic = "source"
     elastic_kind = el.RECORDS
-    place: str | None = None
 
     def __init__(
         self,
@@ -185,14 +162,10 @@ class FileReaderNode(Node):
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         """Refuse a state whose unit, file, cursor or counts this reader could not resume."""
-        from nodes.file_states import validate_reader  # it imports the formats, which import us
-
         validate_reader(self._files, self._format, self._consumer_units()[0], state, path)
 
     # ----- elastic resume (nodes.elastic) ---------------------------------------------------
     def validate_plan(self, plan: Any, path: str) -> None:
-        from nodes.file_states import check_cursor
-
         el.check_records(plan, path, len(self._files.urls))
         for i, piece in enumerate(plan):
             if piece["cursor"] is not None:

@@ -35,7 +35,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
-from nodes.readers.reader import Cursor, RecordFormat
+from nodes.readers.format import Cursor, RecordFormat
+from nodes.readers.tar_cursor import check_tar_cursor
 from nodes.storage import SourceFile, read_full, skip_forward
 
 BLOCK = 512
@@ -190,6 +191,9 @@ class TarFormat(RecordFormat):
     def __init__(self, block_samples: int = 64, block_bytes: int = 1 << 23) -> None:
         self.block_samples = block_samples
         self.block_bytes = block_bytes
+
+    def check_cursor(self, source: SourceFile, cursor: Cursor, path: str) -> None:
+        check_tar_cursor(source, cursor, path)
 
     def blocks(
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
