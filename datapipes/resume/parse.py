@@ -206,8 +206,13 @@ def _check_workers_against_setup(entry: RankEntry, setup: JobSetup) -> None:
         return  # at the epoch's start, or ended: nothing to compare
     found = torchdata.snapshot_summary(node["dataloader"])["num_workers"]
     if found != setup.num_workers:
+        ids = [worker for worker, _ in torchdata.worker_dataset_states(node["dataloader"])]
+        missing = [w for w in range(min(setup.num_workers, 4096)) if w not in ids][:8]
+        told = f"{found} workers" + (
+            f" (none for {', '.join(f'worker_{w}' for w in missing)})" if missing else ""
+        )
         raise InvalidStateError(
             f"{path}...dataloader",
             f"the snapshots of {setup.num_workers} workers (topology.num_workers)",
-            f"{found} workers",
+            told,
         )
