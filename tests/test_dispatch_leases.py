@@ -108,8 +108,12 @@ def stall(loader: dp.Loader) -> None:
     """Stand for a stalled rank: its heartbeat stops (and nobody iterates it). A rank that
     has not started its epoch has no lease yet: the others find it absent."""
     assert loader._takeovers is not None
-    if loader._takeovers.lease is not None:
-        loader._takeovers.lease.close()
+    lease = loader._takeovers.lease
+    if lease is not None:
+        lease.close()
+        if lease._thread is not None:  # its heartbeat has ended: no write after this
+            lease._thread.join(10)
+            assert not lease._thread.is_alive()
 
 
 def assert_exactly_once(delivered: list[int], count: int) -> None:
