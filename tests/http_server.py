@@ -84,6 +84,9 @@ class FileServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        if self._thread.is_alive():  # started (serve_forever returns once shut down)
+            self._thread.join(timeout=10)
+            assert not self._thread.is_alive(), "the file server's thread did not end"
 
 
 class _Handler(SimpleHTTPRequestHandler):

@@ -173,6 +173,7 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
+        assert not self._thread.is_alive(), "the fault proxy's server thread did not end"
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):

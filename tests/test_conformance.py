@@ -469,6 +469,10 @@ def test_check_node_catches_a_thread_left_running():
             check_node(lambda ctx: LeaksThread(10), positions=[0, 5])
     finally:
         _release_leak.set()
+    for thread in threading.enumerate():
+        if thread.name == "leaky":
+            thread.join(10)
+            assert not thread.is_alive()
 
 
 def test_list_iterator_position_on_python_3_12_range_iterators():

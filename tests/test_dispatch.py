@@ -291,7 +291,8 @@ def test_claims_are_atomic_in_the_store() -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(120)
+    assert not [t.name for t in threads if t.is_alive()], "a rank's thread hung"
     assert sorted(x for g in got for x in g) == list(range(2000))
     records = [loader.state_dict()["ranks"][str(r)]["dispatch"] for r, loader in enumerate(jobs)]
     key, (place,) = records[0]["key"], list(records[0]["claims"]["0"])

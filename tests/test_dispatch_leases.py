@@ -30,7 +30,19 @@ from nodes.dispatch.lease import lease_key
 from nodes.dispatch.store import StoreClient
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The lease of in-process ranks where one stalls: the others wait this long for it. No
+#: live rank is taken for stalled: those tests hold at most one live rank at a time, or
+#: assert what holds either way (every item once).
 LEASE = 0.3
+#: The lease where every rank lives and none may be taken over: no wait costs it, and a
+#: rank thread starved this long on a loaded machine is beyond any test's margin.
+LIVE_LEASE = 60.0
+#: The lease of the real rank processes: the survivors wait this long for the stopped rank,
+#: and a live rank is taken for stalled only after this long without a write (its heartbeat
+#: writes every quarter of it): 8x its heartbeat's interval, for processes on a loaded machine.
+PROCESS_LEASE = 2.0
+#: How long a rank thread may take to end before the test calls it a hang.
+JOIN_SECONDS = 120
 
 
 def times_ten(x: int) -> int:
@@ -43,7 +55,13 @@ def make_pipe(count: int = 600, buffer: int = 0) -> dp.DataPipe[Any]:
 
 
 def loaders(
-    world: int, *, workers: int = 0, buffer: int = 0, count: int = 600, store: Any = None
+    world: int,
+    *,
+    workers: int = 0,
+    buffer: int = 0,
+    count: int = 600,
+    store: Any = None,
+    lease: float = LEASE,
 ) -> list[dp.Loader]:
     store = store if store is not None else private_file_store()
     return [
@@ -56,19 +74,46 @@ def loaders(
             dispatch="dynamic",
             store=store,
             dispatch_unit_items=25,
-            dispatch_lease_seconds=LEASE,
+            dispatch_lease_seconds=lease,
             even_batches=False,
         )  # fmt: skip
         for rank in range(world)
     ]
 
 
+def read_in_threads(ranks: list[dp.Loader], which: list[int]) -> dict[int, list[Any]]:
+    """One epoch of each rank in ``which``, each on its own thread, read together: every
+    thread joined and checked to have ended, and an error in one raised here."""
+    results: dict[int, list[Any]] = {}
+    errors: dict[int, BaseException] = {}
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = list(ranks[rank])
+        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+            errors[rank] = error
+
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in which]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_SECONDS)
+    assert not [t.name for t in threads if t.is_alive()], f"a rank hung ({JOIN_SECONDS} s)"
+    for rank, error in errors.items():
+        raise AssertionError(f"rank {rank}'s thread failed") from error
+    return results
+
+
 def stall(loader: dp.Loader) -> None:
     """Stand for a stalled rank: its heartbeat stops (and nobody iterates it). A rank that
     has not started its epoch has no lease yet: the others find it absent."""
     assert loader._takeovers is not None
-    if loader._takeovers.lease is not None:
-        loader._takeovers.lease.close()
+    lease = loader._takeovers.lease
+    if lease is not None:
+        lease.close()
+        if lease._thread is not None:  # its heartbeat has ended: no write after this
+            lease._thread.join(10)
+            assert not lease._thread.is_alive()
 
 
 def assert_exactly_once(delivered: list[int], count: int) -> None:
@@ -98,16 +143,7 @@ def test_three_ranks_one_stalled_the_other_two_share_its_rest() -> None:
     stalled = iter(ranks[2])
     early = [next(stalled) for _ in range(40)]
     stall(ranks[2])
-    results: dict[int, list[int]] = {}
-
-    def run(rank: int) -> None:
-        results[rank] = list(ranks[rank])
-
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    results = read_in_threads(ranks, [0, 1])
     with pytest.warns(LeaseTakenWarning):
         assert list(stalled) == []
     assert_exactly_once(results[0] + results[1] + early, 900)
@@ -128,23 +164,18 @@ def test_a_rank_that_never_starts_is_fenced_from_its_epoch() -> None:
 
 
 def test_the_ranks_run_together_without_takeovers() -> None:
-    ranks = loaders(2, buffer=5)
-    results: dict[int, list[int]] = {}
-
-    def run(rank: int) -> None:
-        results[rank] = list(ranks[rank])
-
+    ranks = loaders(2, buffer=5, lease=LIVE_LEASE)
     with warnings.catch_warnings():
         warnings.simplefilter("error", LeaseTakenWarning)
-        threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        results = read_in_threads(ranks, [0, 1])
     assert_exactly_once(results[0] + results[1], 600)
     assert results[0] and results[1]
     for rank in ranks:  # the next epoch runs as usual, with new leases
         assert rank.epoch == 1
+        assert rank._takeovers is not None
+        report = rank._takeovers.report()
+        assert report["took_over"] == [] and not report["fenced"]
+        assert report["wait_seconds"] < LIVE_LEASE / 2  # nobody waited for a lease to expire
 
 
 def test_a_checkpoint_while_reading_a_taken_over_rank_is_refused() -> None:
@@ -218,7 +249,7 @@ def start_ranks(
         out = tmp_path / f"rank{rank}.txt"
         config = {
             "rank": rank, "world_size": world, "store": str(store),
-            "data": str(tmp_path / "data" / "*.jsonl"), "workers": workers, "lease": 1.0,
+            "data": str(tmp_path / "data" / "*.jsonl"), "workers": workers, "lease": PROCESS_LEASE,
             "out": str(out), **fault,
         }  # fmt: skip
         command = [sys.executable, str(ROOT / "tests" / "lease_job.py"), json.dumps(config)]
@@ -315,16 +346,7 @@ def test_the_epoch_after_a_takeover_runs_as_usual(workers: int) -> None:
     with pytest.warns(LeaseTakenWarning):
         assert list(stalled) == []
     assert_exactly_once(survivor + early, 300)
-    results: dict[int, list[int]] = {}
-
-    def run(rank: int) -> None:
-        results[rank] = list((first, second)[rank])
-
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    results = read_in_threads([first, second], [0, 1])
     assert first.epoch == second.epoch == 2
     assert_exactly_once(results[0] + results[1], 300)
 
@@ -365,16 +387,7 @@ def test_random_stalls_deliver_every_item_once(case: int) -> None:
             break
         early.append(item)
     stall(ranks[frozen])
-    results: dict[int, list[int]] = {}
-
-    def run(rank: int) -> None:
-        results[rank] = list(ranks[rank])
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world) if r != frozen]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    results = read_in_threads(ranks, [r for r in range(world) if r != frozen])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LeaseTakenWarning)
         late = list(iterator)
@@ -462,13 +475,16 @@ def test_a_store_that_goes_away_while_a_rank_waits_is_a_clear_error(how: str) ->
         items = iter(loader)
         for _ in range(100):  # all of it: rank 1 never came
             next(items)
-        threading.Timer(
+        fault = threading.Timer(
             0.5, os.kill, (host.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-        ).start()
+        )
+        fault.start()
         started = time.monotonic()
         with pytest.raises(DispatchStoreError, match=f"127.0.0.1:{port}"):
             next(items)  # waiting for rank 1's lease when the store goes
-        assert time.monotonic() - started < 20
+        assert time.monotonic() - started < 20  # the store's 3 s timeout, not the lease's 60
+        fault.join(10)
+        assert not fault.is_alive()
     finally:
         host.kill()
         host.wait()

@@ -86,7 +86,9 @@ def test_close_stops_prefetch_threads():
 
 
 def _background_threads_started_since(before: set[threading.Thread]) -> list[threading.Thread]:
-    deadline = time.monotonic() + 2.0
+    """The threads started since ``before`` still alive after waiting up to 10 s for them to
+    end (a wait that costs nothing when they end, and holds on a loaded machine)."""
+    deadline = time.monotonic() + 10.0
     while True:
         alive = [t for t in threading.enumerate() if t not in before and t.is_alive()]
         if not alive or time.monotonic() > deadline:

@@ -143,6 +143,7 @@ def test_concurrent_saves_of_one_target_leave_one_complete_file(tmp_path: Path) 
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
+    assert not [t.name for t in threads if t.is_alive()], "a save hung"
     assert errors == []
     state = dp.load_checkpoint(target)
     assert state["i"] == 9 and torch.equal(state["t"], torch.full((1000,), 9))

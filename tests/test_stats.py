@@ -24,6 +24,7 @@ import torch
 from helpers import assert_same, rich_pipe, worker_counts
 
 import datapipes as dp
+import datapipes.progress
 import nodes.stats
 from datapipes.progress import batch_length, outputs_are_batches
 from datapipes.stats import PipelineStats, StepStats, merge_rows
@@ -31,11 +32,46 @@ from nodes import Context
 from nodes.stats import StatsNode, graph_stats
 from nodes.testing import roundtrip_state
 
+# ----- clocks -------------------------------------------------------------------------------------
+
+
+class VirtualClock:
+    """Stands in for ``perf_counter`` in nodes.stats: time moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+#: The clock of the tests that use the ``virtual_clock`` fixture: the steps below move it by
+#: the work they stand for, so which step is slowest does not depend on the machine's load.
+CLOCK = VirtualClock()
+
+
+@pytest.fixture
+def virtual_clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """The statistics' clocks (the steps' and the epoch's) replaced by :data:`CLOCK`."""
+    CLOCK.now = 0.0
+    monkeypatch.setattr(nodes.stats, "perf_counter", CLOCK)
+    monkeypatch.setattr(datapipes.progress, "perf_counter", CLOCK)
+    return CLOCK
+
+
+def on_virtual_clock() -> bool:
+    return nodes.stats.perf_counter is CLOCK
+
+
 # ----- functions (module level: DataLoader workers and process pools pickle them) ----------------
 
 
 def slow_step(x: int) -> int:
-    time.sleep(0.001)
+    """1 ms of work: on the virtual clock when a test runs on it, else a real sleep."""
+    if on_virtual_clock():
+        CLOCK.now += 0.001
+    else:
+        time.sleep(0.001)
     return x
 
 
@@ -73,7 +109,11 @@ def assert_sane_times(stats: PipelineStats) -> None:
 
 
 def busy_20us(x: int) -> int:
-    """Real work per item, so that sampled times are well above the clock's own cost."""
+    """Work per item, so that sampled times are well above the clock's own cost (real work,
+    unless the test runs on the virtual clock)."""
+    if on_virtual_clock():
+        CLOCK.now += 20e-6
+        return x
     end = time.perf_counter() + 20e-6
     while time.perf_counter() < end:  # a spin, not a sleep: sleep() cannot wait 20 µs
         continue
@@ -87,7 +127,7 @@ def counted_batches(n: int, size: int) -> int:
 # ----- 1. the slow step is named ------------------------------------------------------------------
 
 
-def test_a_slow_step_is_named_the_slowest():
+def test_a_slow_step_is_named_the_slowest(virtual_clock: VirtualClock) -> None:
     pipe = dp.range(300).map(cheap).map(slow_step).filter(quarter_pair).batch(10)
     loader = dp.Loader(pipe, stats=True)
     batches = list(loader)
@@ -136,7 +176,9 @@ def test_a_slow_step_in_dataloader_workers_is_named_and_their_rows_arrive():
     assert_sane_times(stats)
 
 
-def test_a_prefetch_is_not_blamed_for_the_slow_step_before_it():
+def test_a_prefetch_is_not_blamed_for_the_slow_step_before_it(
+    virtual_clock: VirtualClock,
+) -> None:
     pipe = dp.range(200).map(slow_step).prefetch(4).map(cheap).batch(10)
     loader = dp.Loader(pipe, stats=True)
     assert len(list(loader)) == 20
@@ -162,12 +204,12 @@ def test_a_slow_parallel_map_is_named():
 # ----- 2. counts ----------------------------------------------------------------------------------
 
 
-def test_counts_filter_batch_and_the_chain_of_times():
+def test_counts_filter_batch_and_the_chain_of_times(virtual_clock: VirtualClock) -> None:
     pipe = dp.range(1000).shuffle().map(busy_20us).filter(is_even).batch(16)
     loader = dp.Loader(pipe, stats=True)
     batches = list(loader)
     stats = loader.stats()
-    kept = sum(1 for x in range(1000) if is_even(busy_20us(x)))
+    kept = sum(1 for x in range(1000) if is_even(x))
     assert [s.items for s in stats.steps] == [1000, 1000, kept, counted_batches(kept, 16)]
     assert stats.delivered == len(batches)
     assert all(s.skipped == 0 for s in stats.steps)
@@ -182,6 +224,9 @@ def test_counts_filter_batch_and_the_chain_of_times():
         assert r["self_seconds"] + r["wait_seconds"] == pytest.approx(r["seconds"])
         assert r["seconds"] <= 1.5 * stats.loader_wait_seconds  # an estimate: some slack
     assert stats.loader_wait_seconds <= stats.elapsed_seconds
+    # on the virtual clock the work is all in the map, and the loop waited for all of it
+    assert stats.loader_wait_seconds == pytest.approx(1000 * 20e-6)
+    assert stats.slowest().step == "map(busy_20us)"
 
 
 def test_skipped_samples_of_decode_are_in_its_row():
@@ -545,16 +590,6 @@ def test_stats_node_clear_mid_pass_counts_the_items_after_it() -> None:
     node.clear()
     assert [next(node) for _ in range(7)] == list(range(10, 17))
     assert node.items == 7
-
-
-class VirtualClock:
-    """Stands in for ``perf_counter`` in nodes.stats: time moves only when the test moves it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_sampled_seconds_are_not_aliased_by_a_power_of_two_fan_out(

@@ -422,7 +422,8 @@ def test_per_item_torch_ops_run_on_one_thread_and_leave_the_callers_setting():
         seen: list[int] = []
         other = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
         other.start()
-        other.join()
+        other.join(10)
+        assert not other.is_alive()
         assert seen[0] > 1  # other threads keep the process's count
     finally:
         torch.set_num_threads(before)

@@ -6,10 +6,22 @@ the Loader states of one job found in them are merged (:func:`datapipes.merge_st
 and reported as one. For each state the report says whether it covers every
 rank of its job (then it can resume on any topology) or some ranks only.
 
-With ``--recipe`` the recipe it names is loaded (a DataPipe, a Loader, or a
-function returning one) and checked against each Loader state: the same
-fingerprint (else the steps that differ), a Loader per saved rank that
-accepts the state, and file readers that accept their saved positions. For a
+``--recipe`` names a recipe in one of these forms:
+
+- ``MODULE:NAME``: ``NAME`` in a module importable from here, or from the current
+  directory (``myproject.recipes:pipe``, ``recipes:pipe`` for ``./recipes.py``);
+- ``path/to/file.py:NAME``: ``NAME`` in that file (relative to the current
+  directory), run as ``python path/to/file.py`` would run it, its folder first
+  on the import path;
+
+where ``NAME`` is a DataPipe, a Loader (its seed and workers are checked too), or
+a function (a factory, ``recipes.py:make_pipe``) that is called with no arguments
+and returns one. A name that cannot be resolved is an error naming what was
+tried and these forms (exit status 2).
+
+With ``--recipe`` the recipe it names is loaded and checked against each Loader
+state: the same fingerprint (else the steps that differ), a Loader per saved
+rank that accepts the state, and file readers that accept their saved positions. For a
 state that covers its job, the report then says how much of the interrupted
 epoch remains, per source, and with ``--world-size``/``--num-workers`` how it
 would be dealt to the consumers of that topology.
@@ -84,7 +96,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--recipe",
         metavar="MODULE:NAME",
-        help="a DataPipe, Loader or zero-argument function returning one (module or file.py)",
+        help=(
+            "the recipe to check: MODULE:NAME (a module importable from here or from the "
+            "current directory, e.g. myproject.recipes:pipe) or path/to/file.py:NAME; NAME "
+            "is a DataPipe, a Loader, or a function called with no arguments that returns "
+            "one (e.g. recipes.py:make_pipe)"
+        ),
     )
     parser.add_argument(
         "--world-size",
@@ -157,61 +174,114 @@ def check_state(state: dict[str, Any]) -> list[str]:
 
 # ----- --recipe: loading it -------------------------------------------------------------
 
+#: What ``--recipe`` accepts, for its help and its errors.
+RECIPE_FORMS = (
+    "--recipe takes MODULE:NAME (a module importable from here or from the current "
+    "directory, e.g. myproject.recipes:pipe) or path/to/file.py:NAME; NAME is a DataPipe, "
+    "a Loader, or a function called with no arguments that returns one (e.g. "
+    "recipes.py:make_pipe)"
+)
+
 
 def load_recipe(spec: str) -> tuple[DataPipe[Any], Loader | None]:
     """``(pipe, loader)`` from ``"package.module:NAME"`` or ``"path/to/file.py:NAME"``.
 
     ``NAME`` is a DataPipe, a Loader (its ``.pipe``; the Loader is returned
     too, so its seed and workers can be checked), or a zero-argument callable
-    returning either. Raises :class:`CheckpointError` otherwise.
+    returning either (a factory). A module is looked for on the Python path and
+    in the current directory; a file path is relative to the current directory.
+    Raises :class:`CheckpointError` naming what was tried and the accepted forms.
     """
     module_part, sep, name = spec.rpartition(":")
     if not sep or not module_part or not name:
-        raise CheckpointError(f"--recipe takes MODULE:NAME or FILE.py:NAME, got {spec!r}")
-    module = _import(module_part)
+        raise CheckpointError(f"--recipe {spec!r}: no ':NAME' in it. {RECIPE_FORMS}")
+    module, where = _import(module_part, spec)
     if not hasattr(module, name):
-        raise CheckpointError(f"--recipe: {module_part!r} has no {name!r}")
+        found = sorted(
+            key
+            for key, value in vars(module).items()
+            if not key.startswith("_")
+            and (
+                isinstance(value, DataPipe | Loader)
+                or getattr(value, "__module__", None) == module.__name__
+                and callable(value)
+            )
+        )
+        raise CheckpointError(
+            f"--recipe {spec!r}: {where} has no {name!r} (its DataPipes, Loaders and "
+            f"functions: {', '.join(found) or 'none'}). {RECIPE_FORMS}"
+        )
     value = getattr(module, name)
     if callable(value) and not isinstance(value, DataPipe | Loader):
         try:
             value = value()
         except Exception as error:  # noqa: BLE001
-            raise CheckpointError(f"--recipe: calling {name}() failed: {error!r}") from error
+            raise CheckpointError(
+                f"--recipe {spec!r}: calling {name}() failed ({type(error).__name__}: {error}); "
+                "a function NAME is called with no arguments"
+            ) from error
     if isinstance(value, Loader):
         return value.pipe, value
     if isinstance(value, DataPipe):
         return value, None
     raise CheckpointError(
-        f"--recipe: {spec} is of type {type(value).__name__}; expected a DataPipe, a Loader, or a "
-        "function of no arguments returning one"
+        f"--recipe {spec!r}: {name} is of type {type(value).__name__}; expected a DataPipe, a "
+        "Loader, or a function of no arguments returning one"
     )
 
 
-def _import(module_part: str) -> ModuleType:
-    """The module a file path (``.py`` or with a slash) or a module name names."""
+def _import(module_part: str, spec: str) -> tuple[ModuleType, str]:
+    """The module a file path (``.py`` or with a slash) or a module name names, and how
+    to name it in an error."""
+    cwd = os.getcwd()
+    if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
+        file = Path(cwd, module_part).resolve()
+        if not file.is_file():
+            raise CheckpointError(
+                f"--recipe {spec!r}: no file {str(file)!r} (a path is relative to the current "
+                f"directory, {cwd}). {RECIPE_FORMS}"
+            )
+        return _import_file(file, spec), f"file {str(file)!r}"
     try:
-        if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
-            return _import_file(module_part)
-        with _first_on_path(os.getcwd()):  # as `python -m` does: modules of this folder
-            return importlib.import_module(module_part)
-    except CheckpointError:
-        raise
-    except Exception as error:  # noqa: BLE001
-        raise CheckpointError(f"--recipe: importing {module_part!r} failed: {error!r}") from error
+        with _first_on_path(cwd):  # as `python -m` does: modules of this folder
+            module = importlib.import_module(module_part)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if module_part == missing or module_part.startswith(missing + "."):
+            raise CheckpointError(
+                f"--recipe {spec!r}: no module {missing!r} on the Python path or in the "
+                f"current directory ({cwd}); run from the folder that holds it, add that "
+                f"folder to PYTHONPATH, or give the file's path. {RECIPE_FORMS}"
+            ) from None
+        raise CheckpointError(  # the recipe's own imports: its environment lacks a package
+            f"--recipe {spec!r}: importing module {module_part!r} failed: it imports "
+            f"{missing!r}, which is not installed here ({error})"
+        ) from error
+    except Exception as error:  # noqa: BLE001 - the recipe module's own code failed
+        raise CheckpointError(
+            f"--recipe {spec!r}: importing module {module_part!r} failed: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    return module, f"module {module_part!r} ({getattr(module, '__file__', None) or 'built in'})"
 
 
-def _import_file(module_part: str) -> ModuleType:
-    file = Path(module_part)
-    if not file.is_file():
-        raise CheckpointError(f"--recipe: no such file: {module_part!r}")
-    module_name = f"_datapipes_recipe_{abs(hash(str(file.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise CheckpointError(f"--recipe: cannot import {module_part!r}")
-    module = importlib.util.module_from_spec(spec)
+def _import_file(file: Path, spec: str) -> ModuleType:
+    module_name = f"_datapipes_recipe_{abs(hash(str(file)))}"
+    import_spec = importlib.util.spec_from_file_location(module_name, file)
+    if import_spec is None or import_spec.loader is None:
+        raise CheckpointError(
+            f"--recipe {spec!r}: {str(file)!r} cannot be imported (not a .py file?). {RECIPE_FORMS}"
+        )
+    module = importlib.util.module_from_spec(import_spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up
-    with _first_on_path(str(file.resolve().parent)):  # its own folder, as for `python FILE`
-        spec.loader.exec_module(module)
+    try:
+        with _first_on_path(str(file.parent)):  # its own folder, as for `python FILE`
+            import_spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - the recipe file's own code failed
+        del sys.modules[module_name]
+        raise CheckpointError(
+            f"--recipe {spec!r}: running {str(file)!r} failed: {type(error).__name__}: {error}"
+        ) from error
     return module
 
 

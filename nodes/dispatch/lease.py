@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,11 @@ ACTIVE, DONE, TAKEN = "active", "done", "taken"
 STATE_EVERY_ITEMS = 64
 #: ... and at least every this many seconds (bounds the items a taker replays).
 STATE_EVERY_SECONDS = 1.0
+
+#: The clock that ages leases and published states: a test replaces it (``monkeypatch``)
+#: with one it moves itself, so that staleness does not depend on how loaded the machine
+#: is. Read at each use, never bound at import.
+clock: Callable[[], float] = time.monotonic
 
 
 class LeaseLost(RuntimeError):
@@ -99,7 +105,7 @@ class Lease:
         self._value: dict[str, Any] = {"status": ACTIVE, "beat": 0, "state": -1, "since": 0}
         self._text = ""  # what the store holds now (to compare_set against)
         self._lost: dict[str, Any] | None = None
-        self._published_at = time.monotonic()
+        self._published_at = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -125,7 +131,7 @@ class Lease:
         else:
             self.client.set(f"{self.key}/state/0", state_text)
             self._write(status=ACTIVE, state=0, since=0, phase=-1, phases=0)
-            self._published_at = time.monotonic()
+            self._published_at = clock()
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._beat, args=(self._stop,), name=f"datapipes-lease-{self.rank}",
@@ -137,7 +143,7 @@ class Lease:
         """Whether the next item should publish a full state (see the module doc)."""
         return (
             self._value["since"] >= STATE_EVERY_ITEMS
-            or time.monotonic() - self._published_at >= STATE_EVERY_SECONDS
+            or clock() - self._published_at >= STATE_EVERY_SECONDS
         )
 
     def publish_state(self, state_text: str, *, phase: int | None = None) -> None:
@@ -148,7 +154,7 @@ class Lease:
         if phase is not None:
             changes["phase"] = phase
         self._write(**changes)
-        self._published_at = time.monotonic()
+        self._published_at = clock()
 
     def delivered(self) -> None:
         """One more item is about to be delivered after the published state."""
@@ -208,7 +214,7 @@ class LeaseWatch:
         a rank is through when its lease is taken, or done having seen ``phases``
         takeovers. A lease is stale when it stayed the same for ``lease_seconds``."""
         waiting, stale = [], []
-        now = time.monotonic()
+        now = clock()
         for rank, (raw, value) in leases.items():
             if value is not None and (
                 value["status"] == TAKEN
