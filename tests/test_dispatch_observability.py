@@ -22,9 +22,9 @@ from file_fixtures import write_id_files
 from helpers import dynamic_ranks, file_store
 
 import datapipes as dp
-from datapipes.resume.graph import decode_state
-from datapipes.resume.claims import epoch_work
 from datapipes.inspect import load_recipe, main
+from datapipes.resume.claims import epoch_work
+from datapipes.resume.graph import decode_state
 from nodes import Context
 from nodes.dispatch import Dispatcher, DispatchSpec, units_of
 from nodes.stats import graph_stats

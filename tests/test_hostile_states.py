@@ -34,9 +34,9 @@ import numpy as np
 import pytest
 
 import datapipes as dp
-from datapipes.resume.schema import node_digest
 from datapipes.inspect import describe_checkpoint
 from datapipes.inspect.cli import check_recipe
+from datapipes.resume.schema import node_digest
 from nodes import UPSTREAM, Node
 from tests.file_fixtures import (
     csv_table,
