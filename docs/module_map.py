@@ -19,7 +19,9 @@ END = "## Layout of the repository\n"
 def first_line(path: Path) -> str:
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     line = doc.strip().splitlines()[0] if doc.strip() else "(no docstring)"
-    return line.replace("|", "\\|")
+    for special in "|[]":  # table cells, and no link or cross-reference is meant
+        line = line.replace(special, "\\" + special)
+    return line
 
 
 def module_map() -> str:

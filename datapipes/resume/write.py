@@ -25,6 +25,7 @@ signature: the node states' own checks (``Node.validate_state``) stand behind it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -159,16 +160,16 @@ def job_state(state: JobState, *, idle_as_ranges: bool = True) -> dict[str, Any]
     }
     kept: dict[str, Any] = {}
     idle: dict[int, list[int]] = {}
-    graph_kept = False
+    keeper = next((rank for rank, e in state.ranks.items() if e.graph is not None), None)
     for rank, entry in state.ranks.items():
+        if rank != keeper:  # the graph record is kept once: every rank built the same shape
+            entry = dataclasses.replace(entry, graph=None)
         if idle_as_ranges and entry.is_idle:
             idle.setdefault(entry.epoch, []).append(rank)
             continue
         raw = _entry(entry)
-        if raw["graph"] is None or graph_kept:
-            del raw["graph"]  # kept once: the same order of ranks gives the same state
-        else:
-            graph_kept = True
+        if raw["graph"] is None:
+            del raw["graph"]
         kept[str(rank)] = raw
     if not kept:  # one entry at least, as every state has
         epoch = min(idle)
