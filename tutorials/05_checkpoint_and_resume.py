@@ -585,7 +585,7 @@ print(f"DCP, 1 rank -> 2: {len(before)} records before, {[len(r) for r in rest]}
 # why, instead of guessing. `dp.range(100).take(10)` takes 10 items *per
 # consumer*: 30 on 3 ranks, 20 on 2, so "the rest of the epoch" on 2 ranks
 # does not exist. On the saved topology the same merged state loads and
-# resumes exactly. (The README lists every step that is refused.)
+# resumes exactly. (docs/guides/elastic-resume.md lists every step that is refused.)
 
 # %%
 take_pipe = dp.range(100).take(10)
