@@ -18,8 +18,12 @@ import hashlib
 import json
 from typing import Any
 
+from nodes.elastic.pieces import check_positions, check_records
 from nodes.errors import InvalidStateError
 from nodes.state_checks import check_int, expect_bool, expect_int, expect_keys, is_int
+
+#: A bound for file indices where the listing is not known yet.
+ANY_FILE = 1 << 62
 
 _KEYS = ("version", "fingerprint", "steps", "seed", "topology", "ranks")
 _TOPOLOGY = ("world_size", "num_workers", "even_batches")
@@ -86,6 +90,14 @@ def check_remaining(remaining: Any) -> None:
         )
     ):
         raise InvalidStateError(f"{path}.work", "null or {source: {kind, pieces}}", work)
+    for place, entry in (work or {}).items():
+        # Shapes here, before the work is dealt; the sources check their bounds when they
+        # read their share (the listing and the data are not known yet).
+        where = f"{path}.work[{place!r}].pieces"
+        if entry["kind"] in ("positions", "stream"):
+            check_positions(entry["pieces"], where, None)
+        else:
+            check_records(entry["pieces"], where, ANY_FILE)
     dropped = value["dropped"]
     if not isinstance(dropped, dict) or not all(
         isinstance(k, str) and is_int(n) and n >= 0 for k, n in dropped.items()
