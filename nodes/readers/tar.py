@@ -5,20 +5,30 @@ A member ``dir/img001.seg.png`` has key ``dir/img001`` and field
 "seg.png": b"..."}``. Members whose name has no extension, directories,
 links and hidden files (``._x``) are not fields, as in webdataset.
 
-Headers are parsed directly (ustar, GNU long names, pax paths), so a reader
-can start at any member: the cursor is ``[header offset, sample number]``,
-and a resume opens the file there, whatever the position (it checks that the
+Headers are parsed directly (nodes.readers.tar_walker), so a reader can
+start at any member: the cursor is ``[header offset, sample number]``, and a
+resume opens the file there, whatever the position (it checks that the
 header there is valid and starts a sample field; it reads nothing before).
 A file is split among consumers by samples: part ``p`` of ``n`` takes
 samples ``p, p + n, ...`` and seeks past the others' data.
 
-Damage is never read as the end: the archive must end with its
-end-of-archive marker (two zero blocks); EOF before it, a lone zero block
-where a header should be, or a header whose checksum fails loses the rest of
-the file (a :class:`BadRecordError`, or under ``on_error="skip"`` a counted
-loss with the bytes not read). A member named with ``..`` components or an
-absolute path, and a key that appears again after other keys within one
-block (webdataset would yield two samples with that key), make a bad sample.
+Damage is never read as the end: the archive ends with its end-of-archive
+marker (two zero blocks) followed by no valid header. EOF before it, a zero
+block where a header should be, a header whose checksum fails, or two zero
+blocks followed by a valid header (zeroed bytes inside the archive, or
+archives concatenated with ``cat``) is a :class:`BadRecordError` naming the
+file and byte offset. Under ``on_error="skip"`` the reader resynchronises on
+the next header whose checksum verifies and reads on; the damaged range is
+one counted loss, and a sample next to it that lacks a field the sample
+across the damage has is a bad record (nodes.readers.tar_damage). Samples
+wholly inside damaged bytes cannot be counted: ``losses()["records"]`` is
+then a lower bound. Limits: a member whose data holds a valid tar header (a
+tar inside a tar) can be taken for a header when resynchronising inside it;
+the member of a pax or GNU long-name header whose own block is damaged is
+read under the name in its own header (truncated, non-ASCII as ``?``).
+A member named with ``..`` components or an absolute path, and a key that
+appears again after other keys within one block (webdataset would yield two
+samples with that key), make a bad sample.
 
 Keys are remembered per block (the samples read from a block's start cursor:
 up to ``block_samples`` of this consumer's, with the others' and the bad ones
