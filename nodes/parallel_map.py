@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
+import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -20,6 +22,7 @@ from typing import Any, NoReturn
 
 from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.parent_watch import exit_with_parent
 from nodes.state_checks import at, expect_int, expect_ints, expect_keys
 
 METHODS = ("thread", "process")
@@ -279,7 +282,17 @@ class ParallelMapNode(Node):
     def _start_pool(self) -> Executor:
         if self._method == "thread":
             return ThreadPoolExecutor(self._num_workers, thread_name_prefix="datapipes-map")
-        return ProcessPoolExecutor(self._num_workers)
+        # The workers would outlive a killed main process (see nodes.parent_watch). They are
+        # forked or spawned by the thread that submits, this one.
+        context = multiprocessing.get_context()
+        parent = None if context.get_start_method() == "forkserver" else os.getpid()
+        main_thread = threading.current_thread() is threading.main_thread()
+        return ProcessPoolExecutor(
+            self._num_workers,
+            mp_context=context,
+            initializer=exit_with_parent,
+            initargs=(parent, main_thread),
+        )
 
     def _fill(self) -> None:
         """Read upstream and submit tasks until ``2 * num_workers`` are in the pool."""

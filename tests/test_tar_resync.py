@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_damaged_shards import expected, losses, samples, write_tar
 
 import datapipes as dp
-from tests.test_damaged_shards import expected, losses, samples, write_tar
 
 N = 12  # samples in a shard; each has a .txt (2 data blocks) and a .cls (1 data block)
 
