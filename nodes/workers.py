@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import signal
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -196,6 +198,7 @@ class WorkerStreamNode(Node):
             ) from error
         if not self._ended:
             self._workers = self._it
+            _RUNNING.add(self)
             torchdata.watch_deaths(self._it)  # reported by __next__, never from user code
         self._exits_seen = torchdata.child_exits
         self._last_good = None
@@ -385,7 +388,8 @@ class WorkerStreamNode(Node):
         return torchdata.latest_worker_states(it, self._num_workers)
 
     def _stop_workers(self) -> None:
-        torchdata.shutdown_workers(self._workers)
+        if self._workers is not None:  # (at interpreter shutdown, module globals may be gone)
+            torchdata.shutdown_workers(self._workers)
         self._workers = None
         self._finished_epoch = None
         self._it = iter(())
@@ -413,3 +417,16 @@ class WorkerStreamNode(Node):
             # The workers' last reports (skips, drops, statistics) outlive their processes.
             self._final_states = self._received_states(self._it) or self._final_states
         self._stop_workers()
+
+
+#: Nodes whose worker processes run. A Loader's iterator abandoned mid-epoch is closed
+#: at interpreter shutdown only as the module globals are cleared, when closing its
+#: workers would call functions already gone ("Exception ignored in: <generator object
+#: Loader._run>"); they are closed before that, with everything in place.
+_RUNNING: weakref.WeakSet[WorkerStreamNode] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_running() -> None:
+    for node in list(_RUNNING):
+        node.close()
