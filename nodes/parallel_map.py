@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.exit_close import close_at_exit, closed
 from nodes.parent_watch import exit_with_parent
 from nodes.state_checks import at, expect_int, expect_ints, expect_keys
 
@@ -299,6 +300,7 @@ class ParallelMapNode(Node):
         pool = self._pool
         if pool is None:
             pool = self._pool = self._start_pool()
+            close_at_exit(self)
         in_flight, snaps, src = self._in_flight, self._snaps, self._src
         while len(in_flight) < self._max_tasks and not self._exhausted:
             numbers: list[int] = []
@@ -374,8 +376,10 @@ class ParallelMapNode(Node):
         self._in_flight = deque()
 
     def close(self) -> None:
-        self._drop_in_flight()
+        if self._in_flight:  # else no module global is used (see nodes.exit_close)
+            self._drop_in_flight()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+            closed(self)
         super().close()

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing
 import signal
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from nodes import torchdata_adapter as torchdata
 from nodes.base import Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.exit_close import close_at_exit, closed
 from nodes.parent_watch import WatchMainProcess
 from nodes.rng import stable_hash
 from nodes.worker_bundles import FailedInBundle
@@ -198,7 +197,7 @@ class WorkerStreamNode(Node):
             ) from error
         if not self._ended:
             self._workers = self._it
-            _RUNNING.add(self)
+            close_at_exit(self)
             torchdata.watch_deaths(self._it)  # reported by __next__, never from user code
         self._exits_seen = torchdata.child_exits
         self._last_good = None
@@ -388,8 +387,9 @@ class WorkerStreamNode(Node):
         return torchdata.latest_worker_states(it, self._num_workers)
 
     def _stop_workers(self) -> None:
-        if self._workers is not None:  # (at interpreter shutdown, module globals may be gone)
+        if self._workers is not None:  # else no module global is used (see nodes.exit_close)
             torchdata.shutdown_workers(self._workers)
+            closed(self)
         self._workers = None
         self._finished_epoch = None
         self._it = iter(())
@@ -417,16 +417,3 @@ class WorkerStreamNode(Node):
             # The workers' last reports (skips, drops, statistics) outlive their processes.
             self._final_states = self._received_states(self._it) or self._final_states
         self._stop_workers()
-
-
-#: Nodes whose worker processes run. A Loader's iterator abandoned mid-epoch is closed
-#: at interpreter shutdown only as the module globals are cleared, when closing its
-#: workers would call functions already gone ("Exception ignored in: <generator object
-#: Loader._run>"); they are closed before that, with everything in place.
-_RUNNING: weakref.WeakSet[WorkerStreamNode] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_running() -> None:
-    for node in list(_RUNNING):
-        node.close()

@@ -1,4 +1,4 @@
-"""A process that exits while a Loader with workers is mid-epoch exits quietly.
+"""A process that exits while a Loader with workers (or a map pool) is mid-epoch exits quietly.
 
 The Loader's iterator, still held by a module global, is finalized only as
 the interpreter clears module globals; closing the workers then called
@@ -29,6 +29,9 @@ if shape == "bundles":
     options["items_per_transfer"] = 4
 if shape == "prefetch":
     pipe = pipe.prefetch(4)
+if shape == "thread-map":  # a thread pool in this process, no worker processes
+    pipe = dp.range(10**6).map(abs, num_workers=2, method="thread")
+    options = {}
 loader = dp.Loader(pipe, **options)
 it = iter(loader)
 got = [next(it) for _ in range(10)]
@@ -37,7 +40,7 @@ print(len(set(got)) == 10, flush=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", ["plain", "persistent", "bundles", "prefetch"])
+@pytest.mark.parametrize("shape", ["plain", "persistent", "bundles", "prefetch", "thread-map"])
 def test_exiting_mid_epoch_prints_nothing(shape: str):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
