@@ -9,7 +9,9 @@ are parts with one job each.
 
 from __future__ import annotations
 
+import atexit
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
@@ -229,7 +231,9 @@ class Loader(LoaderCheckpoints, LoaderReports):
             ) from error
         self._cursor.begin(run)  # only now: a position the graph refused stays pending
         self._fresh = None if run.resume_from is not None else (run.epoch, root.state_dict())
-        return self._cursor.watch(self._run(root, run))
+        body = self._run(root, run)
+        _OPEN_RUNS.add(body)
+        return self._cursor.watch(body)
 
     @property
     def even_batches(self) -> bool:
@@ -321,3 +325,19 @@ class Loader(LoaderCheckpoints, LoaderReports):
             record=dispatch.record,
             listings=lambda: self._listings.get(self._context),
         )
+
+
+#: Epoch runs (``Loader._run`` generators) not finished. One abandoned mid-epoch and held
+#: by a module global would be finalized only as the interpreter clears module globals,
+#: when closing its graph calls functions already gone ("Exception ignored in: <generator
+#: object Loader._run>"); they are closed at exit instead, with everything in place.
+_OPEN_RUNS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_runs() -> None:
+    for body in list(_OPEN_RUNS):
+        try:
+            body.close()
+        except ValueError:  # running in another thread: left to the interpreter
+            pass

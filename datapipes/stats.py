@@ -142,7 +142,7 @@ def _loss_text(lost: dict[str, int]) -> str:
         return ""
     parts = [f"{lost['files']:,} files"] if lost["files"] else []
     if lost["ranges"]:
-        parts.append(f"{lost['ranges']:,} rests of files")
+        parts.append(f"{lost['ranges']:,} ranges of files")
     parts.append(f"{lost['bytes']:,} bytes known" if lost["bytes"] else "bytes unknown")
     return ", ".join(parts) + f", >= {lost['records']:,} records"
 

@@ -117,6 +117,8 @@ class RandomResizedCrop(DataPipe[Any]):
             errors = below.error_policy()
             upstream = below.inputs[0].build(ctx)
             fn: Any = FusedDecodeCrop(SampleDecoder(below.decoder_table(), errors), params, fields)
+            if threads is not None:  # here, not at once in the pool's threads (a race)
+                fn.load_backends()
         else:
             upstream = below.build(ctx)
             fn = ResizedCrop(params, fields)

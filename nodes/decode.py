@@ -23,6 +23,7 @@ from nodes.jpeg import (
     SimpleJpeg,
     check_backend,
     dct_scale,
+    import_pillow,
     is_jpeg,
     jpeg_backend,
     pillow_open,
@@ -127,6 +128,12 @@ class ImageDecoder:
         if self._jpeg is None:
             self._jpeg = jpeg_backend(self.backend)
         return self._jpeg
+
+    def load(self) -> None:
+        """Import the image libraries now: before a pool's threads decode, which would
+        otherwise import them at once (a partly initialised module, Pillow's plugins)."""
+        self.jpeg()
+        import_pillow().init()  # every format plugin, which Pillow would import on demand
 
     def __call__(self, data: bytes) -> Any:
         if self.layout != "pil" and is_jpeg(data):

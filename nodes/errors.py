@@ -105,10 +105,10 @@ class ErrorPolicy:
     def __init__(self, on_error: str, step: str) -> None:
         self.skip = check_on_error(on_error) == "skip"
         self.step = step
-        self.count = 0  # skips: bad records, and lost files and rests of files (one each)
+        self.count = 0  # skips: bad records, and lost files and ranges of files (one each)
         # What lost files and ranges held, apart from the bad records (see losses()).
         self.files = 0  # files lost whole (missing, unreadable from their start)
-        self.ranges = 0  # files lost from an offset to their end (truncated, damaged)
+        self.ranges = 0  # ranges of files lost (a rest: truncated; damaged bytes read past)
         self.bytes = 0  # bytes of those files and ranges, where their size is known
         self.rows = 0  # records known to be in them (rows of a .npy, from its header)
         self.examples: list[str] = []
@@ -126,12 +126,14 @@ class ErrorPolicy:
         whole_file: bool,
         records: int | None = None,
         nbytes: int | None = None,
+        what: str | None = None,
     ) -> None:
-        """Raise ``error``, or count the loss of a whole file or of the rest of one.
+        """Raise ``error``, or count the loss of a whole file or of a range of one.
 
         ``records`` and ``nbytes`` are what the lost part held, where the
         format knows it (``None``: unknown); the loss counts one skip, and its
-        file, range, records and bytes in :meth:`losses`.
+        file, range, records and bytes in :meth:`losses`. ``what`` names a
+        range that is not the rest of the file (a damaged range read past).
         """
         if not self.skip:
             raise error
@@ -141,7 +143,7 @@ class ErrorPolicy:
         self.bytes += nbytes or 0
         held = [f"{records:,} records" if records is not None else "records: unknown"]
         held.append(f"{nbytes:,} bytes" if nbytes is not None else "bytes: unknown")
-        what = "the whole file" if whole_file else "the rest of the file"
+        what = what or ("the whole file" if whole_file else "the rest of the file")
         self._skipped(error, f"{what} ({', '.join(held)})")
 
     def _skipped(self, error: Exception, what: str) -> None:
@@ -161,7 +163,9 @@ class ErrorPolicy:
 
         ``records`` counts the bad records and the records a lost file or range
         was known to hold; a lost file or range whose records cannot be counted
-        (text, tar) adds to ``files`` or ``ranges`` only.
+        (text; the samples wholly inside a tar's damaged bytes) adds to ``files``
+        or ``ranges`` only. A tar counts the samples next to its damage that
+        lost a member as bad records.
         """
         return {
             "records": self.count - self.files - self.ranges + self.rows,

@@ -67,8 +67,8 @@ def dct_scale(
     return 8
 
 
-def pillow_open(data: bytes | bytearray | memoryview) -> Any:
-    """A lazily decoded Pillow image of ``data`` (ImportError naming the extra without Pillow)."""
+def import_pillow() -> Any:
+    """``PIL.Image`` (ImportError naming the extra without Pillow)."""
     try:
         from PIL import Image
     except ImportError as error:
@@ -76,7 +76,12 @@ def pillow_open(data: bytes | bytearray | memoryview) -> Any:
             "decoding images needs Pillow: pip install 'datapipes-torch[images]' (or pillow), "
             "or pass image=None to leave image fields as bytes"
         ) from error
-    return Image.open(io.BytesIO(data))
+    return Image
+
+
+def pillow_open(data: bytes | bytearray | memoryview) -> Any:
+    """A lazily decoded Pillow image of ``data`` (ImportError naming the extra without Pillow)."""
+    return import_pillow().open(io.BytesIO(data))
 
 
 class PillowJpeg:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
+import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -20,7 +22,9 @@ from typing import Any, NoReturn
 
 from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.exit_close import close_at_exit, closed
 from nodes.origins import OriginReader, reads_ahead
+from nodes.parent_watch import exit_with_parent
 from nodes.state_checks import at, expect_int, expect_ints, expect_keys
 
 METHODS = ("thread", "process")
@@ -283,13 +287,24 @@ class ParallelMapNode(Node):
     def _start_pool(self) -> Executor:
         if self._method == "thread":
             return ThreadPoolExecutor(self._num_workers, thread_name_prefix="datapipes-map")
-        return ProcessPoolExecutor(self._num_workers)
+        # The workers would outlive a killed main process (see nodes.parent_watch). They are
+        # forked or spawned by the thread that submits, this one.
+        context = multiprocessing.get_context()
+        parent = None if context.get_start_method() == "forkserver" else os.getpid()
+        main_thread = threading.current_thread() is threading.main_thread()
+        return ProcessPoolExecutor(
+            self._num_workers,
+            mp_context=context,
+            initializer=exit_with_parent,
+            initargs=(parent, main_thread),
+        )
 
     def _fill(self) -> None:
         """Read upstream and submit tasks until ``2 * num_workers`` are in the pool."""
         pool = self._pool
         if pool is None:
             pool = self._pool = self._start_pool()
+            close_at_exit(self)
         in_flight, snaps, src = self._in_flight, self._snaps, self._src
         while len(in_flight) < self._max_tasks and not self._exhausted:
             numbers: list[int] = []
@@ -365,8 +380,10 @@ class ParallelMapNode(Node):
         self._in_flight = deque()
 
     def close(self) -> None:
-        self._drop_in_flight()
+        if self._in_flight:  # else no module global is used (see nodes.exit_close)
+            self._drop_in_flight()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+            closed(self)
         super().close()

@@ -1,4 +1,4 @@
-"""DataLoader workers that exit when the main process dies, however early it dies.
+"""Workers that exit when the main process dies, however early it dies.
 
 torchdata's workers watch the main process by comparing ``os.getppid()``
 against the parent they saw at setup; a worker whose main process died
@@ -7,6 +7,12 @@ waits forever, holding its memory. :class:`WatchMainProcess` runs first in
 every worker: it asks Linux to kill the worker when the main process dies
 (``PR_SET_PDEATHSIG``), exits at once if the main process is already gone,
 and makes torchdata's watch compare against the pid recorded before forking.
+
+The workers of ``map(..., method="process")`` (a process pool) block reading
+a task queue whose write end they hold themselves, so they never see the end
+of a killed main process: :func:`exit_with_parent`, the pool's
+``initializer``, sets the same death signal and starts a thread that ends
+the worker once its parent is gone.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +30,9 @@ from nodes import torchdata_adapter
 
 #: prctl(2) option: the signal the kernel sends this process when its parent thread exits.
 PR_SET_PDEATHSIG = 1
+
+#: How often a pool worker's watch thread looks for its parent (where no death signal came).
+PARENT_POLL_SECONDS = 0.5
 
 
 class WatchMainProcess:
@@ -61,3 +71,29 @@ def set_parent_death_signal(signum: int) -> bool:
         return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
     except (OSError, AttributeError):  # no prctl in this libc
         return False
+
+
+def exit_with_parent(parent_pid: int | None, die_with_parent: bool) -> None:
+    """A process pool's ``initializer``: end this worker when its parent process dies.
+
+    ``parent_pid`` is the pool's parent (the process that made the pool; None
+    under ``forkserver``, whose fork server is the parent); ``die_with_parent``
+    asks for the kernel's death signal, right only where the forking thread
+    lives as long as the process (the main thread). A thread polling
+    ``os.getppid()`` covers the other cases and other platforms.
+    """
+    if die_with_parent:
+        set_parent_death_signal(signal.SIGKILL)
+    parent = os.getppid() if parent_pid is None else parent_pid
+    if os.getppid() != parent:  # the parent died before we got here
+        os._exit(0)
+    watch = threading.Thread(
+        target=_exit_when_orphaned, args=(parent,), name="datapipes-parent-watch", daemon=True
+    )
+    watch.start()
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(0)  # no cleanup: the tasks' results have nobody to go to

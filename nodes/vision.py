@@ -245,6 +245,13 @@ class FusedDecodeCrop:
         self.full = decoder
         self.decoder = _LeaveFused(decoder.decoders, decoder.errors, self.fused_decoder)
 
+    def load_backends(self) -> None:
+        """Import the image libraries of its image decoders now, in the building thread,
+        before a pool's threads run it (see :meth:`nodes.decode.ImageDecoder.load`)."""
+        for decoder in self.full.decoders.values():
+            if isinstance(decoder, ImageDecoder) and decoder.layout == "chw":
+                decoder.load()
+
     def fused_decoder(self, field: str) -> ImageDecoder | None:
         """The image decoder this step runs for ``field`` itself, or ``None``."""
         found = self.full.decoder_for(field)

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from nodes import torchdata_adapter as torchdata
 from nodes.base import Node, NotReset, State
 from nodes.errors import InvalidStateError
+from nodes.exit_close import close_at_exit, closed
 from nodes.origins import OriginReader, reads_ahead
 from nodes.parent_watch import WatchMainProcess
 from nodes.rng import stable_hash
@@ -198,6 +199,7 @@ class WorkerStreamNode(Node):
             ) from error
         if not self._ended:
             self._workers = self._it
+            close_at_exit(self)
             torchdata.watch_deaths(self._it)  # reported by __next__, never from user code
         self._exits_seen = torchdata.child_exits
         self._last_good = None
@@ -387,7 +389,9 @@ class WorkerStreamNode(Node):
         return torchdata.latest_worker_states(it, self._num_workers)
 
     def _stop_workers(self) -> None:
-        torchdata.shutdown_workers(self._workers)
+        if self._workers is not None:  # else no module global is used (see nodes.exit_close)
+            torchdata.shutdown_workers(self._workers)
+            closed(self)
         self._workers = None
         self._finished_epoch = None
         self._it = iter(())

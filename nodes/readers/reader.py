@@ -26,7 +26,7 @@ class FileReaderNode(Node):
     index in this consumer's plan, with its ``file`` index in the listing and
     its ``part``), the ``cursor`` of the current block, the ``index`` of the
     next record in it, the number of skips so far (``skipped``: bad records,
-    and lost files and rests of files, one each), after a lost file or range
+    and lost files and ranges of files, one each), after a lost file or range
     what the losses held (``lost``: ``[files, ranges, bytes, rows]``, see
     :meth:`ErrorPolicy.losses`), and the ``listing`` (file count and digest)
     that the positions refer to.

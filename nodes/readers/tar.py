@@ -5,20 +5,30 @@ A member ``dir/img001.seg.png`` has key ``dir/img001`` and field
 "seg.png": b"..."}``. Members whose name has no extension, directories,
 links and hidden files (``._x``) are not fields, as in webdataset.
 
-Headers are parsed directly (ustar, GNU long names, pax paths), so a reader
-can start at any member: the cursor is ``[header offset, sample number]``,
-and a resume opens the file there, whatever the position (it checks that the
+Headers are parsed directly (nodes.readers.tar_walker), so a reader can
+start at any member: the cursor is ``[header offset, sample number]``, and a
+resume opens the file there, whatever the position (it checks that the
 header there is valid and starts a sample field; it reads nothing before).
 A file is split among consumers by samples: part ``p`` of ``n`` takes
 samples ``p, p + n, ...`` and seeks past the others' data.
 
-Damage is never read as the end: the archive must end with its
-end-of-archive marker (two zero blocks); EOF before it, a lone zero block
-where a header should be, or a header whose checksum fails loses the rest of
-the file (a :class:`BadRecordError`, or under ``on_error="skip"`` a counted
-loss with the bytes not read). A member named with ``..`` components or an
-absolute path, and a key that appears again after other keys within one
-block (webdataset would yield two samples with that key), make a bad sample.
+Damage is never read as the end: the archive ends with its end-of-archive
+marker (two zero blocks) followed by no valid header. EOF before it, a zero
+block where a header should be, a header whose checksum fails, or two zero
+blocks followed by a valid header (zeroed bytes inside the archive, or
+archives concatenated with ``cat``) is a :class:`BadRecordError` naming the
+file and byte offset. Under ``on_error="skip"`` the reader resynchronises on
+the next header whose checksum verifies and reads on; the damaged range is
+one counted loss, and a sample next to it that lacks a field the sample
+across the damage has is a bad record (nodes.readers.tar_damage). Samples
+wholly inside damaged bytes cannot be counted: ``losses()["records"]`` is
+then a lower bound. Limits: a member whose data holds a valid tar header (a
+tar inside a tar) can be taken for a header when resynchronising inside it;
+the member of a pax or GNU long-name header whose own block is damaged is
+read under the name in its own header (truncated, non-ASCII as ``?``).
+A member named with ``..`` components or an absolute path, and a key that
+appears again after other keys within one block (webdataset would yield two
+samples with that key), make a bad sample.
 
 Keys are remembered per block (the samples read from a block's start cursor:
 up to ``block_samples`` of this consumer's, with the others' and the bad ones
@@ -37,132 +47,9 @@ from typing import Any
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.readers.format import Cursor, RecordFormat
 from nodes.readers.tar_cursor import check_tar_cursor
-from nodes.storage import SourceFile, read_full, skip_forward
-
-BLOCK = 512
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
-
-
-class _Member:
-    __slots__ = ("name", "offset", "data_offset", "size")
-
-    def __init__(self, name: str, offset: int, data_offset: int, size: int) -> None:
-        self.name, self.offset, self.data_offset, self.size = name, offset, data_offset, size
-
-
-class _TarWalker:
-    """Reads member headers one after another from a byte offset, fetching data on request."""
-
-    def __init__(self, f: Any, url: str, offset: int, seekable: bool) -> None:
-        self.f, self.url, self.offset, self.seekable = f, url, offset, seekable
-        self.pending = b""  # a header block read ahead (a resume's check), taken first
-
-    def _read(self, size: int, what: str) -> bytes:
-        data = read_full(self.f, size)
-        self._check_complete(data, size, what)
-        self.offset += size
-        return data
-
-    def _check_complete(self, data: bytes, size: int, what: str) -> None:
-        if len(data) < size:
-            raise BadRecordError(
-                self.url,
-                f"{what} at byte offset {self.offset}",
-                f"truncated archive: needed {size} bytes, the file ends after {len(data)}",
-            )
-
-    def next_member(self) -> _Member | None:
-        """The next regular-file member (its data not yet read), or None at the end."""
-        long_name: str | None = None
-        first_header = self.offset  # a long-name or pax header comes before the member's own
-        while True:
-            header_offset = self.offset
-            buf, self.pending = self.pending or read_full(self.f, BLOCK), b""
-            if not buf:
-                raise BadRecordError(
-                    self.url,
-                    f"byte offset {header_offset}",
-                    "truncated archive: the file ends without the end-of-archive marker "
-                    "(two zero blocks), so members after this point may be missing",
-                )
-            self._check_complete(buf, BLOCK, "header")
-            self.offset += BLOCK
-            if buf == bytes(BLOCK):
-                if self._end_marker(header_offset, long_name is not None):
-                    return None
-            try:
-                info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
-            except tarfile.HeaderError as error:
-                raise BadRecordError(
-                    self.url, f"header at byte offset {header_offset}", f"corrupt header: {error}"
-                ) from None
-            padded = _padded(info.size)
-            if info.type == tarfile.GNUTYPE_LONGNAME:
-                long_name = (
-                    self._read(padded, "long name")
-                    .split(b"\0", 1)[0]
-                    .decode("utf-8", "surrogateescape")
-                )
-                continue
-            if info.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
-                data = self._read(padded, "pax header")[: info.size]
-                try:
-                    long_name = _pax_path(data) or long_name
-                except ValueError as error:
-                    raise BadRecordError(
-                        self.url, f"pax header at byte offset {header_offset}", f"corrupt: {error}"
-                    ) from None
-                continue
-            member = _Member(long_name or info.name, first_header, self.offset, info.size)
-            long_name = None
-            if info.type in _REGULAR:
-                return member
-            self.skip(padded)
-            first_header = self.offset
-
-    def _end_marker(self, offset: int, named: bool) -> bool:
-        """Whether the zero block at ``offset`` starts the end-of-archive marker (else raise)."""
-        after = read_full(self.f, BLOCK)
-        self.offset += len(after)
-        if after == bytes(BLOCK) and not named:
-            return True
-        if not after or after == bytes(len(after)):
-            reason = "truncated archive: the file ends inside the end-of-archive marker"
-        else:
-            reason = (
-                "a zero block where a member header should be (a zeroed or lost header: "
-                "the end-of-archive marker is two zero blocks at the end)"
-            )
-        raise BadRecordError(self.url, f"header at byte offset {offset}", reason)
-
-    def data(self, member: _Member) -> bytes:
-        data = self._read(member.size, f"member {member.name!r}")
-        self.skip(_padded(member.size) - member.size)
-        return data
-
-    def skip(self, size: int) -> None:
-        if size <= 0:
-            return
-        if self.seekable:
-            self.f.seek(self.offset + size)
-        else:
-            skip_forward(self.f, self.offset + size)
-        self.offset += size
-
-
-def _pax_path(data: bytes) -> str | None:
-    """The ``path`` record of a pax extended header, if any (ValueError if malformed)."""
-    position = 0
-    while position < len(data):
-        space = data.find(b" ", position)
-        length = int(data[position:space]) if space > position else 0
-        if length <= space - position or position + length > len(data):
-            raise ValueError(f"bad pax record length at header byte {position}")
-        key, _, value = data[space + 1 : position + length - 1].partition(b"=")
-        if key == b"path":
-            return value.decode("utf-8", "surrogateescape")
-        position += length
-    return None
+from nodes.readers.tar_damage import BlockMemory, Group, Loss
+from nodes.readers.tar_walker import BLOCK, REGULAR, Member, TarWalker, padded_size
+from nodes.storage import SourceFile, read_full
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -203,27 +90,27 @@ class TarFormat(RecordFormat):
         if resume is not None:
             resume.check_offset()
         with source.open(offset) as f:
-            walker = _TarWalker(f, source.url, offset, source.seekable)
+            walker = TarWalker(f, source.url, offset, source.seekable)
             if resume is not None:
                 resume.check_header(walker)
             block: list[Any] = []
             size = 0
-            loss = _Loss(source, errors)
-            # The keys read since this block's start cursor: a resume starts there with none,
-            # so a repeat is found (or not) alike in a resumed and an uninterrupted run.
-            seen: set[str] = set()
+            # What was read since this block's start cursor: a resume starts there knowing
+            # nothing, so repeats and damage are judged alike in a resumed and an
+            # uninterrupted run.
+            memory = BlockMemory()
+            reading = _Reading(walker, part, parts, memory, Loss(source, errors))
             try:
-                for sample, sample_bytes, after in self._samples(
-                    walker, part, parts, sample_no, seen, loss, resume
-                ):
+                for sample, sample_bytes, after, may_end in reading.samples(sample_no, resume):
                     block.append(sample)
                     size += sample_bytes
                     if after is None:
                         break
-                    if len(block) >= self.block_samples or size >= self.block_bytes:
+                    full = len(block) >= self.block_samples or size >= self.block_bytes
+                    if full and may_end:
                         yield block, after
                         block, size = [], 0
-                        seen.clear()  # a new block starts at ``after`` (nothing of it read yet)
+                        memory.clear()  # a new block starts at ``after`` (nothing of it read)
             except BadRecordError as error:  # raise mode: hand out the good samples first
                 # A state taken after this raise resumes at the bad sample, which then starts
                 # a block: a repeated key is read there as a sample (a repeat across blocks).
@@ -233,6 +120,8 @@ class TarFormat(RecordFormat):
                 # Read past the end-of-archive marker to the end of the compressed stream,
                 # so that its checksum (gzip's CRC) is verified; a mismatch raises or counts.
                 try:
+                    if walker.stream_error is not None:  # found looking past the end marker
+                        raise walker.stream_error
                     while f.read(1 << 16):
                         pass
                 except BadRecordError as error:
@@ -240,107 +129,135 @@ class TarFormat(RecordFormat):
                         errors.lose(error, whole_file=False)
             yield block, None
 
-    def _samples(
-        self,
-        walker: _TarWalker,
-        part: int,
-        parts: int,
-        sample_no: int,
-        seen: set[str],
-        loss: _Loss,
-        resume: _Resume | None,
-    ) -> Iterator[tuple[dict[str, Any], int, Cursor]]:
-        """(sample, its data size, cursor after it) for this part's samples.
 
-        A bad sample (a repeated field, a key seen before, an unsafe name) is
-        skipped or raised by its owner; a truncated or damaged archive ends the
-        file, reported (with what was lost) by the owner of the sample it broke.
+_Field = tuple[Member, tuple[str, str]]  # a member that is a sample field, its (key, field)
+
+
+class _Reading:
+    """This consumer's samples of one archive read from a cursor, damage skipped or raised."""
+
+    def __init__(
+        self, walker: TarWalker, part: int, parts: int, memory: BlockMemory, loss: Loss
+    ) -> None:
+        self.walker, self.part, self.parts = walker, part, parts
+        self.memory, self.loss, self.url = memory, loss, walker.url
+
+    def samples(
+        self, sample_no: int, resume: _Resume | None
+    ) -> Iterator[tuple[dict[str, Any], int, Cursor, bool]]:
+        """(sample, its data size, cursor after it, whether a block may end after it).
+
+        A sample next to damaged bytes is judged once the sample on the other
+        side is read (both are then in one block, so a resume judges alike):
+        it is handed out only if it lacks no field of that sample.
         """
-        url = walker.url
-        before = walker.offset
-        try:
-            member = self._next(walker)
-        except BadRecordError as fatal:  # the archive is broken before this sample starts
-            if sample_no % parts == part:
-                loss.rest(fatal, [before, sample_no])
+        held: Group | None = None  # a sample next to damage, awaiting the sample after it
+        for group in self._groups(sample_no, resume):
+            before, held = held, None
+            if before is not None:
+                before.judge(group.fields, self.url)
+                if group.damaged_before:
+                    group.judge(before.fields, self.url)
+                yield from self._out(before, may_end=not before.damaged_after)
+            if group.damaged_after or (group.damaged_before and before is None):
+                held = group  # after damage with nothing before it: judged by the next one
+                continue
+            yield from self._out(group, may_end=True)
+        if held is not None and held.damaged_after:  # damage to the end: judged by the last
+            held.judge(self.memory.last, self.url)
+        if held is not None:
+            yield from self._out(held, may_end=True)
+
+    def _out(
+        self, group: Group, may_end: bool
+    ) -> Iterator[tuple[dict[str, Any], int, Cursor, bool]]:
+        """Hand out a sample of this consumer's, or raise or count it as a bad record."""
+        if group.problem is None and not group.counted:
+            self.memory.last = group.fields
+        if not group.mine or group.counted:
             return
-        if resume is not None:
-            resume.check_member(member)
-        while member is not None:
-            key = member[1][0]
-            start = member[0].offset
-            mine = sample_no % parts == part
-            sample: dict[str, Any] = {"__key__": key, "__url__": url}
-            size = 0
-            problem = _key_problem(url, member[0], key, seen)
-            seen.add(key)
+        if group.problem is not None:
+            group.problem.cursor = [group.start, group.number]  # type: ignore[attr-defined]
+            self.loss.errors.handle(group.problem)
+            return
+        yield group.sample, group.size, group.after, may_end
+
+    def _groups(self, sample_no: int, resume: _Resume | None) -> Iterator[Group]:
+        """Every sample's members in order (data read for this consumer's), damage skipped."""
+        walker, url = self.walker, self.url
+        start = [walker.offset, sample_no]
+        if resume is not None:  # a cursor is where a sample's valid headers start
             try:
-                while member is not None and member[1][0] == key:
-                    info, (_, field) = member
-                    if not mine or problem is not None:
-                        walker.skip(_padded(info.size))
-                    elif field in sample:
-                        problem = BadRecordError(
-                            url,
-                            f"member {info.name!r} at byte offset {info.offset}",
-                            f"sample {key!r} has two {field!r} fields",
-                        )
-                        walker.skip(_padded(info.size))
-                    else:
-                        sample[field] = walker.data(info)
-                        size += info.size
-                    member = self._next(walker)
-            except BadRecordError as fatal:
-                if mine:
-                    loss.rest(fatal, [start, sample_no])
-                return
-            if problem is not None:
-                if mine:
-                    problem.cursor = [start, sample_no]  # type: ignore[attr-defined]
-                    loss.errors.handle(problem)
-            elif mine:
-                yield sample, size, None if member is None else [member[0].offset, sample_no + 1]
+                member = self._next()
+            except BadRecordError:
+                raise resume.refuse("damaged bytes follow the header there") from None
+            resume.check_member(member)
+            damaged = False
+        else:
+            member, damaged = self._next_across(start, self._mine(sample_no))
+        while member is not None:
+            info, (key, _) = member
+            group = Group(key, info.offset, sample_no, self._mine(sample_no), url)
+            group.damaged_before, damaged = damaged, False
+            group.problem = _key_problem(url, info, key, self.memory.seen)
+            self.memory.seen.add(key)
+            while member is not None and member[1][0] == key:
+                info, (_, field) = member
+                if field in group.fields and group.problem is None:
+                    group.problem = BadRecordError(
+                        url,
+                        f"member {info.name!r} at byte offset {info.offset}",
+                        f"sample {key!r} has two {field!r} fields",
+                    )
+                group.fields.add(field)
+                if group.mine and group.problem is None:
+                    try:
+                        group.sample[field] = walker.data(info)
+                    except BadRecordError as cut:  # the file ends inside this member
+                        group.counted = True  # the lost range counts this sample as a record
+                        self.loss.gap(walker, cut, [group.start, sample_no], True, records=1)
+                        member, damaged = None, True
+                        break
+                    group.size += info.size
+                else:
+                    walker.skip(padded_size(info.size))
+                member, damaged = self._next_across([group.start, sample_no], group.mine)
+            group.damaged_after = damaged
+            group.after = None if member is None else [member[0].offset, sample_no + 1]
+            yield group
             sample_no += 1
 
-    @staticmethod
-    def _next(walker: _TarWalker) -> _Field | None:
+    def _mine(self, sample_no: int) -> bool:
+        return sample_no % self.parts == self.part
+
+    def _next_across(self, cursor: Cursor, report: bool) -> tuple[_Field | None, bool]:
+        """The next sample field (None at the end), and whether damaged bytes were skipped.
+
+        Damage raises (every consumer of the file raises: none may end it silently),
+        or is counted by the consumer that ``report``s it and skipped.
+        """
+        damaged = False
+        while True:
+            try:
+                return self._next(), damaged
+            except BadRecordError as error:
+                damaged = True
+                if not self.loss.gap(self.walker, error, cursor, report):
+                    return None, damaged
+
+    def _next(self) -> _Field | None:
         """The next member that is a sample field, with its (key, field)."""
         while True:
-            member = walker.next_member()
+            member = self.walker.next_member()
             if member is None:
                 return None
             named = split_name(member.name)
             if named is not None:
                 return member, named
-            walker.skip(_padded(member.size))
+            self.walker.skip(padded_size(member.size))
 
 
-_Field = tuple[_Member, tuple[str, str]]  # a member that is a sample field, its (key, field)
-
-
-class _Loss:
-    """Reports the loss of the rest of an archive: where it broke, and the bytes after that."""
-
-    def __init__(self, source: SourceFile, errors: ErrorPolicy) -> None:
-        self.source, self.errors = source, errors
-
-    def rest(self, error: BadRecordError, cursor: Cursor) -> None:
-        error.cursor = cursor  # type: ignore[attr-defined]  # where a resume meets it again
-        if not self.errors.skip:
-            raise error
-        # Lost: the file from the start of the sample that broke (nothing of it was handed
-        # out); its size is known where the stored file is the archive itself.
-        nbytes = None
-        if self.source.compression is None:
-            try:
-                size = self.source.size()
-            except OSError:
-                size = None
-            nbytes = None if size is None else max(0, size - cursor[0])
-        self.errors.lose(error, whole_file=cursor[0] == 0, nbytes=nbytes)
-
-
-def _key_problem(url: str, member: _Member, key: str, seen: set[str]) -> BadRecordError | None:
+def _key_problem(url: str, member: Member, key: str, seen: set[str]) -> BadRecordError | None:
     """Why the sample starting with ``member`` must not be read (None: it may)."""
     where = f"member {member.name!r} at byte offset {member.offset}"
     parts = member.name.replace("\\", "/").split("/")
@@ -395,7 +312,7 @@ class _Resume:
         if self.offset % BLOCK:
             raise self.refuse(f"not a multiple of {BLOCK} (tar headers start at one)")
 
-    def check_header(self, walker: _TarWalker) -> None:
+    def check_header(self, walker: TarWalker) -> None:
         """Read the block at the cursor (kept for the walker): a valid header it may read."""
         buf = read_full(walker.f, BLOCK)
         if len(buf) < BLOCK:
@@ -418,8 +335,4 @@ class _Resume:
 
 
 # Headers a sample's first member can start with: its own, a GNU long name, a pax header.
-_STARTS = (*_REGULAR, tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)
-
-
-def _padded(size: int) -> int:
-    return -(-size // BLOCK) * BLOCK
+_STARTS = (*REGULAR, tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)
