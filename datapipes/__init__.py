@@ -10,6 +10,7 @@ from datapipes.combine import concat, mix, zip
 from datapipes.dcp_states import load_dcp_states
 from datapipes.files import FileList, files
 from datapipes.iterables import from_iterable
+from datapipes.listings import ListingMismatchError
 from datapipes.loader import InexactResumeWarning, InvalidStateError, Loader, StateMismatchError
 from datapipes.pipe import DataPipe
 from datapipes.resume import merge_states
@@ -41,6 +42,7 @@ __all__ = [
     "InexactResumeWarning",
     "InvalidStateError",
     "LeaseTakenWarning",
+    "ListingMismatchError",
     "Loader",
     "PipelineStats",
     "RandomMapError",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from datapipes.listings import check_same_listings
 from datapipes.placement import worker_part
 from datapipes.resume.claims import epoch_work
 from datapipes.resume.write import dispatch_record
@@ -75,7 +76,8 @@ class DynamicDispatch:
             raise ValueError(f"dispatch_unit_items must be an int >= 1, got {unit_items!r}")
         self._pipe = worker_part(pipe, num_workers)
         self._seed = seed
-        self._world_size = topology.world_size
+        self._rank, self._world_size = topology.rank, topology.world_size
+        self._listings_checked = False
         self.consumers = topology.world_size * max(num_workers, 1)
         self.unit_items = unit_items
         epoch_work(self._pipe, Context(seed=seed))  # refusals now, not at the first epoch
@@ -144,6 +146,12 @@ class DynamicDispatch:
         else a new attempt at ``epoch`` with its own keys in the store."""
         if continuing and self.spec is not None and self.spec.epoch == epoch:
             return self.spec
+        if not self._listings_checked and listings is not None and len(listings):
+            # Claims are of units cut from each rank's own listing: they must be one.
+            check_same_listings(
+                self.client.compare_set, f"{self.run}/listings", listings, f"rank {self._rank}"
+            )
+            self._listings_checked = True
         attempt = self._attempts[epoch] = self._attempts.get(epoch, 0) + 1
         base = self._base
         if base is not None and base[0] == epoch:

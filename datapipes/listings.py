@@ -14,10 +14,15 @@ some records and loses others without a word. So:
   rank lists for itself, as without ``torch.distributed``;
 * DataLoader workers receive the listings with the recipe they run (inherited
   with ``fork``, pickled once per worker with ``spawn``) and never list;
-* without ``torch.distributed`` (``rank``/``world_size`` as arguments, or
-  ``RANK``/``WORLD_SIZE`` before ``init_process_group``) ranks cannot talk:
-  each lists for itself. The checkpoint keeps every file list's listing
-  digest, so a resume over changed files is refused.
+* where the ranks list for themselves but share a store (dynamic dispatch, whose
+  store every rank reaches; or ``torch.distributed`` initialized with
+  ``even_batches=False``, through its default store, without a collective),
+  each rank's listings are compared with the first rank's through the store
+  (:func:`check_same_listings`): a difference is a
+  :class:`ListingMismatchError` naming the files, never a silent overlap;
+* without ``torch.distributed`` or a store (``rank``/``world_size`` as
+  arguments) ranks cannot talk: each lists for itself. The checkpoint keeps
+  every file list's listing digest, so a resume over changed files is refused.
 
 The listing is made once per Loader and kept for its life (across epochs and
 ``close()``), as the built graph kept it before; a new Loader lists again.
@@ -25,6 +30,7 @@ The listing is made once per Loader and kept for its life (across epochs and
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -36,23 +42,92 @@ from nodes import Context
 from nodes.files import FileSet, Listings
 
 
+class ListingMismatchError(RuntimeError):
+    """Ranks of one job listed different files (they changed while the ranks listed)."""
+
+
+def check_same_listings(
+    compare_set: Callable[[str, str, str], Any], key: str, listings: Listings, who: str
+) -> None:
+    """Refuse (:class:`ListingMismatchError`, naming the files) ``listings`` unlike those
+    the first rank wrote at ``key`` of a shared store (``compare_set`` is the store's)."""
+    mine = json.dumps(sorted(listings.listed().items()), separators=(",", ":"))
+    theirs = compare_set(key, "", mine)
+    theirs = theirs.decode() if isinstance(theirs, bytes) else str(theirs)
+    if theirs == mine:
+        return
+    first, here = dict(json.loads(theirs)), dict(json.loads(mine))
+    lines = []
+    for pattern in sorted(set(first) | set(here)):
+        only_here = sorted(set(here.get(pattern, [])) - set(first.get(pattern, [])))
+        only_there = sorted(set(first.get(pattern, [])) - set(here.get(pattern, [])))
+        for name, files in (("only here", only_here), ("only in the first rank's", only_there)):
+            if files:
+                shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if files[5:] else "")
+                lines.append(f"  {name}: {shown}")
+    raise ListingMismatchError(
+        f"{who} listed other files than the first rank of this job, so the ranks would read "
+        "some records twice and others never:\n" + "\n".join(lines) + "\nThe files changed "
+        "while the ranks listed them: keep the data still while a job starts (write new "
+        "files elsewhere and move them in between jobs), or name the files explicitly."
+    )
+
+
 class JobListings:
     """A Loader's listings: made at its first epoch's build (the same point on every rank)."""
 
-    __slots__ = ("_pipe", "_group", "_listings")
+    __slots__ = ("_pipe", "_group", "_listings", "_compare")
 
-    def __init__(self, pipe: DataPipe[Any], group: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        pipe: DataPipe[Any],
+        group: Callable[[], Any],
+        compare: Callable[[Listings], None] | None = None,
+    ) -> None:
         """``group()``: the process group the Loader's ranks talk on, or ``NO_GROUP``
-        (:meth:`datapipes.even_batches.EvenBatchesPolicy.group`)."""
-        self._pipe, self._group = pipe, group
+        (:meth:`datapipes.even_batches.EvenBatchesPolicy.group`); ``compare``: compares the
+        listings of a rank that listed for itself with the other ranks' (see
+        :func:`default_store_comparison`)."""
+        self._pipe, self._group, self._compare = pipe, group, compare
         self._listings: Listings | None = None
 
     def get(self, ctx: Context) -> Listings:
         """The listings of every file list of the recipe, agreed on by all ranks."""
         if self._listings is None:  # once per Loader: under torch.distributed a collective
-            self._listings = agreed_listings(file_sets(self._pipe, ctx), self._group)
-            self._listings.digest_all()  # here once, rather than in every worker's states
+            listings = agreed_listings(file_sets(self._pipe, ctx), self._group)
+            listings.digest_all()  # here once, rather than in every worker's states
+            if self._compare is not None and len(listings) and self._group() is NO_GROUP:
+                self._compare(listings)
+            self._listings = listings
         return self._listings
+
+
+def default_store_comparison(
+    rank: int, world_size: int, fingerprint: str
+) -> Callable[[Listings], None] | None:
+    """For ranks that list for themselves under ``torch.distributed``: their listings
+    compared through the default process group's store (no collective: one rank alone may
+    iterate its Loader). ``None`` when there is nothing to compare with."""
+    if world_size == 1:
+        return None
+
+    def compare(listings: Listings) -> None:
+        import torch.distributed as dist
+
+        from nodes.torch_adapter import default_store
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return  # ranks as arguments: nothing they share to compare through
+        store = default_store()
+        if store is None:
+            return
+        # Loaders pair across ranks by the order each rank makes them (as dispatch's do).
+        jobs = f"datapipes/listings/{world_size}x"
+        made = store.add(f"{jobs}/loaders/{rank}", 1)
+        key = f"{jobs}/{made - 1}/{fingerprint}"
+        check_same_listings(store.compare_set, key, listings, f"rank {rank}")
+
+    return compare
 
 
 def file_sets(pipe: DataPipe[Any], ctx: Context) -> list[FileSet]:

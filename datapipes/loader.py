@@ -20,7 +20,7 @@ from datapipes.dispatch import DEFAULT_UNIT_ITEMS, DynamicDispatch, check_dispat
 from datapipes.drops import CarriedDrops
 from datapipes.epochs import EpochCursor, EpochRun
 from datapipes.even_batches import NO_GROUP, EvenBatchesPolicy
-from datapipes.listings import JobListings
+from datapipes.listings import JobListings, default_store_comparison
 from datapipes.loader_arguments import InexactResumeWarning, check_arguments
 from datapipes.loader_checkpoints import LoaderCheckpoints
 from datapipes.loader_dispatch import make_dispatch, placeholder_dispatcher
@@ -150,7 +150,10 @@ class Loader(LoaderCheckpoints, LoaderReports):
         if self._dispatch is not None and not num_workers:
             self._context.work = placeholder_dispatcher(self.rank)  # it claims in this process
         # Listed once, at the first build; by rank 0 for all when the ranks iterate together.
-        self._listings = JobListings(pipe, self._even.group)
+        compare = None  # under dynamic dispatch its store compares them (datapipes.dispatch)
+        if self._dispatch is None:
+            compare = default_store_comparison(self.rank, self.world_size, self._fingerprint)
+        self._listings = JobListings(pipe, self._even.group, compare)
         self._cursor = EpochCursor()
         self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
         self._graph = GraphRecord(self._runtime_pipe)  # its shape, for checkpoints

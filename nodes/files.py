@@ -61,6 +61,10 @@ class Listings:
     def __contains__(self, files: object) -> bool:
         return isinstance(files, FileSet) and files.listing_key in self._listed
 
+    def listed(self) -> dict[str, list[str]]:
+        """Every listing held, by what it lists (a copy)."""
+        return {key: list(urls) for key, urls in self._listed.items()}
+
     def __len__(self) -> int:
         return len(self._listed)
 
