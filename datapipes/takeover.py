@@ -180,7 +180,7 @@ class Takeovers:
         cannot replay items after a DataLoader that had not started)."""
         lease = self.lease
         assert lease is not None
-        for item in items:
+        for item in lease.pulled_from(items):
             if at_start or lease.due():
                 current = state()
                 lease.publish_state(_text(current), phase=phase)

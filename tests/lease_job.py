@@ -7,7 +7,10 @@ run collectives (see :func:`under_torchrun`).
 the FileStore ``store`` path, the JSONL ``data`` glob, ``workers``, ``lease`` seconds and
 ``out`` (a file: every delivered record's id, one per line, flushed as it arrives). The
 ``stall_rank`` stops itself (SIGSTOP) after ``after`` items, until the test continues it;
-the ``kill_rank`` SIGKILLs itself after ``after`` items. At the end a rank writes
+the ``kill_rank`` SIGKILLs itself after ``after`` items; the ``stall_worker_rank`` stops
+one of its DataLoader workers (SIGSTOP) after ``after`` items and writes its pid to
+``out`` + ``.worker`` (its main process then waits for that worker's items, its heartbeat
+thread alive). At the end a rank writes
 ``done <rank> <warnings>`` to ``out`` (the warnings it got: a fenced rank's says so).
 The ranks start iterating together (a counter in the store) and spend ``delay`` seconds
 per item, so that their epochs overlap.
@@ -44,6 +47,20 @@ def under_torchrun(config: dict[str, Any]) -> None:
         dist.destroy_process_group()
 
 
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (its DataLoader workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(") ", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue  # ended meanwhile
+    return found
+
+
 def main() -> None:
     argument = sys.argv[1]
     config = json.loads(argument if argument.startswith("{") else open(argument).read())
@@ -73,6 +90,11 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGSTOP)
                 if rank == config.get("kill_rank"):
                     os.kill(os.getpid(), signal.SIGKILL)
+                if rank == config.get("stall_worker_rank"):
+                    worker = min(children_of(os.getpid()))
+                    os.kill(worker, signal.SIGSTOP)
+                    with open(config["out"] + ".worker", "w") as told:
+                        told.write(str(worker))
         kinds = sorted({type(w.message).__name__ for w in caught})
         out.write(f"done {rank} {','.join(kinds) or '-'}\n")
 

@@ -325,6 +325,21 @@ def test_real_ranks_a_killed_rank_is_taken_over(tmp_path: Path, workers: int) ->
 
 
 @pytest.mark.slow
+def test_real_ranks_a_stalled_worker_makes_its_rank_taken_over(tmp_path: Path) -> None:
+    ids = write_data(tmp_path / "data", SIZES)
+    procs, outs = start_ranks(tmp_path, 3, 2, stall_worker_rank=1, after=15)
+    for proc in (procs[0], procs[2]):  # they take rank 1 over: its heartbeat stopped renewing
+        assert wait_for(proc, 120) == 0, proc.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    worker = int((tmp_path / "rank1.txt.worker").read_text())
+    os.kill(worker, signal.SIGCONT)
+    assert wait_for(procs[1], 60) == 0, procs[1].stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    assert read_out(outs[1])[1] == "done 1 LeaseTakenWarning"  # it woke up fenced
+    counts = Counter(i for out in outs for i in read_out(out)[0])
+    assert [i for i, n in counts.items() if n > 1] == []
+    assert sorted(counts) == ids
+
+
+@pytest.mark.slow
 def test_leases_are_refused_under_torchrun_where_even_batches_is_on(tmp_path: Path) -> None:
     # even_batches=None turns on under a process group of several ranks: only known late.
     config = tmp_path / "config.json"

@@ -6,6 +6,10 @@ the real clock with margins; these pin the rules themselves, independent of mach
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+
 import pytest
 
 import nodes.dispatch.lease as lease_module
@@ -121,3 +125,30 @@ def test_a_full_state_is_due_every_so_many_seconds_or_items(clock: MovedClock) -
     assert not lease.due()
     lease.delivered()
     assert lease.due()
+
+
+def test_a_rank_waiting_a_whole_lease_for_its_pipeline_stops_renewing(clock: MovedClock) -> None:
+    held = held_lease(StoreClient(private_file_store(), 10), 0)
+    gate = threading.Event()
+
+    def slow_items() -> Iterator[int]:
+        yield 1
+        gate.wait(30)  # the pipeline stalls here (a stopped DataLoader worker)
+        yield 2
+
+    pulled = held.pulled_from(slow_items())
+    assert next(pulled) == 1 and not held.stuck()  # between items: the loop's own work
+    waiter = threading.Thread(target=lambda: next(pulled))
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 30
+        while held._pulling_since is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        clock.now += SECONDS - 0.1
+        assert not held.stuck()  # waiting less than a lease: still progress
+        clock.now += 0.2
+        assert held.stuck()  # a whole lease without an item: renewals stop
+    finally:
+        gate.set()
+        waiter.join(30)
+    assert not waiter.is_alive() and not held.stuck()

@@ -4,7 +4,10 @@ Under dynamic dispatch with ``dispatch_lease_seconds`` every rank holds a lease
 on its epoch's claims: one key in the store, ``{epoch key}/lease/{rank}``,
 whose value says where the rank's delivery stands. The holder rewrites it with
 ``compare_set`` *before* it hands each item to the training loop (write-ahead),
-and a thread renews it (a heartbeat) while the training loop works. Because
+and a thread renews it (a heartbeat) while the rank makes progress: while the
+training loop works between items, and while the rank waits less than a lease
+for its pipeline's next item (a stalled DataLoader worker or a hung read stops
+the renewals, so the rank is taken over like a stopped one). Because
 every write names the value it replaces, the lease is also its own fence: once
 another rank took it over (a ``compare_set`` of its own), the holder's next
 write fails, and the item it was about to deliver is dropped, never delivered
@@ -32,7 +35,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +111,8 @@ class Lease:
         self._published_at = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: When the rank began waiting for its pipeline's next item (``None``: not waiting).
+        self._pulling_since: float | None = None
 
     # ----- writes (each one a compare_set against the last) --------------------------------
     def _write(self, **changes: Any) -> None:
@@ -171,16 +176,38 @@ class Lease:
     def close(self) -> None:
         self._stop.set()
 
+    def pulled_from(self, items: Iterable[Any]) -> Iterator[Any]:
+        """``items``, noting while the rank waits for the next one: a rank that waits longer
+        than the lease for its pipeline (a stalled DataLoader worker, a hung read) stops
+        renewing, so the others take it over; the training loop's own work between items
+        (a long step) keeps renewing."""
+        iterator = iter(items)
+        while True:
+            self._pulling_since = clock()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self._pulling_since = None
+            yield item
+
+    def stuck(self) -> bool:
+        """Whether the rank has waited for its pipeline's next item for a whole lease."""
+        since = self._pulling_since
+        return since is not None and clock() - since >= self.lease_seconds
+
     @property
     def lost(self) -> bool:
         return self._lost is not None
 
     def _beat(self, stop: threading.Event) -> None:
-        """Renew the lease while the training loop works between items."""
+        """Renew the lease while the rank makes progress: while the training loop works
+        between items, or waits for an item less than a lease (see :meth:`pulled_from`)."""
         interval = self.lease_seconds / 4
         while not stop.wait(interval):
             try:
-                if self._value["status"] == ACTIVE:
+                if self._value["status"] == ACTIVE and not self.stuck():
                     self._write()
             except LeaseLost:
                 return
