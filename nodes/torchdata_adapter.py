@@ -155,11 +155,18 @@ def shutdown_workers(iterator: Any) -> None:
     """Stop a DataLoader iterator's worker processes now (nothing when it has none).
 
     The iterator would do it when garbage collected; a node that stops an epoch
-    early (an error, ``close()``) must not wait for that.
+    early (an error, ``close()``) must not wait for that. A worker that outlives the
+    DataLoader's own shutdown (stopped with SIGSTOP, or stuck in native code: its
+    SIGTERM stays pending) is killed, so a closed Loader leaves no process behind.
     """
+    processes = worker_processes(iterator)
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
+    for process in processes:
+        if process.is_alive():
+            process.kill()  # SIGKILL ends a stopped process too
+            process.join(10)
 
 
 #: The main snapshot of a StatefulDataLoader over an IterableDataset (no sampler state).

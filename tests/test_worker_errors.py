@@ -745,3 +745,21 @@ def test_an_item_torch_counted_but_the_caller_never_got_is_not_in_the_state(retu
     again.reset(state)
     assert got + list(again) == list(range(100))
     again.close()
+
+
+@pytest.mark.slow
+def test_a_closed_loader_leaves_no_stopped_worker_behind() -> None:
+    from nodes import torchdata_adapter as torchdata
+
+    loader = dp.Loader(dp.range(2000).map(abs), num_workers=2)
+    items = iter(loader)
+    next(items)
+    node = loader._root
+    while not hasattr(node, "_it"):
+        node = node.inputs[0]
+    workers = torchdata.worker_processes(node._it)
+    assert len(workers) == 2
+    os.kill(workers[0].pid, signal.SIGSTOP)  # a stalled worker: SIGTERM cannot end it
+    loader.close()
+    for worker in workers:
+        assert not worker.is_alive(), f"worker {worker.pid} outlived close()"
