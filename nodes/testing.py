@@ -146,7 +146,8 @@ SHARED_LIBRARY_THREADS = frozenset({"fsspecIO"})
 
 
 def _new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
-    deadline = time.monotonic() + 2.0
+    # Free when the threads end on time; 10 s holds for a thread on a loaded machine.
+    deadline = time.monotonic() + 10.0
     while True:
         alive = [
             t
