@@ -33,7 +33,8 @@ from datapipes.resume.write import dispatch_record
 from nodes import Context
 from nodes import elastic as el
 from nodes.dispatch import DispatchSpec
-from nodes.dispatch.dispatcher import recorded_claims
+from nodes.dispatch.dispatcher import epoch_keys, recorded_claims
+from nodes.dispatch.lease import lease_key, state_key
 from nodes.dispatch.store import StoreAddress, StoreClient
 from nodes.errors import StateMismatchError
 
@@ -108,6 +109,8 @@ class DynamicDispatch:
         #: Claims go through claim lists a taker can seal (leases, see datapipes.takeover).
         self.sealable_claims = False
         self._attempts: dict[int, int] = {}
+        #: The source places of each epoch run here, until its keys are removed.
+        self._places: dict[int, list[str]] = {}
         self._base: tuple[int, el.Work] | None = None
         self.spec: DispatchSpec | None = None
 
@@ -158,6 +161,7 @@ class DynamicDispatch:
             work = base[1]
         else:
             work = epoch_work(self._pipe, Context(epoch=epoch, seed=self._seed, listings=listings))
+        self._places[epoch] = sorted(set(self._places.get(epoch, [])) | set(work))
         self.spec = DispatchSpec(
             self.client,
             f"{self.run}/{epoch}/{attempt}",
@@ -168,6 +172,35 @@ class DynamicDispatch:
             sealable_per_rank=self.consumers // self._world_size if self.sealable_claims else 0,
         )
         return self.spec
+
+    def end_epoch(self, epoch: int) -> None:
+        """This rank delivered the last item of ``epoch``. The rank that ends it last for
+        the job removes the keys of the epochs before it: every rank has left them (their
+        claims, leases and takeovers), and no checkpoint taken since resumes them, so the
+        store's key count stays bounded over any number of epochs. (A rank that dies
+        never ends its epoch: its job's keys of that epoch stay, until the job ends.)"""
+        ended = self.client.add(f"{self.run}/{epoch}/ended", 1)
+        if ended < self._world_size:
+            return
+        for old in sorted(e for e in self._places if e < epoch):
+            self.client.delete(self._epoch_keys(old))
+            del self._places[old]
+
+    def _epoch_keys(self, epoch: int) -> list[str]:
+        """Every key a job's ranks made for ``epoch`` (see :mod:`nodes.dispatch`)."""
+        places, consumers, ranks = self._places[epoch], self.consumers, self._world_size
+        keys = [f"{self.run}/{epoch}/ended"]
+        for attempt in range(1, self._attempts.get(epoch, 0) + 1):
+            key = f"{self.run}/{epoch}/{attempt}"
+            keys += epoch_keys(key, places, consumers)
+            for rank in range(ranks):
+                lease = lease_key(key, rank)
+                keys += [lease, state_key(lease, 0), state_key(lease, 1)]
+            taken = [f"{key}/takeover/{rank}" for rank in range(ranks)]
+            for rank, work in zip(range(ranks), self.client.get_all_or_none(taken)):
+                if work is not None:  # rank was taken over: its phase's keys too
+                    keys += [taken[rank], *epoch_keys(f"{key}/x{rank}", places, ranks)]
+        return keys
 
     # ----- checkpoints -------------------------------------------------------------------------
     def record(self, epoch: int, consumers: Iterable[int]) -> dict[str, Any] | None:

@@ -294,6 +294,8 @@ class Loader(LoaderCheckpoints, LoaderReports):
             root.close()  # another rank delivers the rest: free its workers and files now
             self._stats.keep(root, run.epoch)
             self._root = None  # the next epoch builds a new graph
+        if self._dispatch is not None and self._cursor.is_current(run):
+            self._dispatch.end_epoch(run.epoch)
         self._cursor.finish(run)
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ import datapipes as dp
 from datapipes.dispatch import private_file_store
 from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError
 from nodes.dispatch.dispatcher import claimants, claims_in, sealable_claim
-from nodes.dispatch.lease import lease_key
+from nodes.dispatch.lease import lease_key, state_key
 from nodes.dispatch.store import StoreClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -443,7 +443,7 @@ def test_stats_tell_the_wait_the_takeovers_and_the_fence() -> None:
     assert mine.as_dict()["leases"]["took_over"] == [1]
 
 
-@pytest.mark.parametrize("damage", ["not a state", "another rank's state"])
+@pytest.mark.parametrize("damage", ["not a state", "another rank's state", "another number"])
 def test_a_damaged_published_position_is_a_clear_error(damage: str) -> None:
     first, second = loaders(2)
     stalled = iter(second)
@@ -456,7 +456,8 @@ def test_a_damaged_published_position_is_a_clear_error(damage: str) -> None:
     text = '{"version": 5, "ranks": 3}'
     if damage == "another rank's state":  # a valid state, but it holds rank 0's position
         text = json.dumps(first.state_dict())
-    client.set(f"{lease.key}/state/{number}", text)  # type: ignore[union-attr]
+    numbered = number + 2 if damage == "another number" else number  # the other state's slot
+    client.set(state_key(lease.key, number), f"{numbered}:{text}")  # type: ignore[union-attr]
     with pytest.raises(dp.InvalidStateError):
         list(first)
 

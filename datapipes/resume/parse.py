@@ -204,9 +204,15 @@ def _check_workers_against_setup(entry: RankEntry, setup: JobSetup) -> None:
         return
     if not has_loader or not isinstance(node["dataloader"], dict) or not node["dataloader"]:
         return  # at the epoch's start, or ended: nothing to compare
-    found = torchdata.snapshot_summary(node["dataloader"])["num_workers"]
-    if found != setup.num_workers:
+    try:
+        found = torchdata.snapshot_summary(node["dataloader"])["num_workers"]
         ids = [worker for worker, _ in torchdata.worker_dataset_states(node["dataloader"])]
+    except (AttributeError, TypeError, ValueError, KeyError) as error:
+        raise InvalidStateError(
+            f"{path}...dataloader", "a DataLoader state of torchdata's layout", "?",
+            note=f"reading it failed: {type(error).__name__}: {error}",
+        ) from None  # fmt: skip
+    if found != setup.num_workers:
         missing = [w for w in range(min(setup.num_workers, 4096)) if w not in ids][:8]
         told = f"{found} workers" + (
             f" (none for {', '.join(f'worker_{w}' for w in missing)})" if missing else ""

@@ -75,6 +75,16 @@ def counter_key(key: str, place: str) -> str:
     return f"{key}/next/{place}"
 
 
+def epoch_keys(key: str, places: list[str], consumers: int) -> list[str]:
+    """The claim keys an epoch's dispatch under ``key`` may have made: each place's counter
+    and claim list, and each consumer's claims of it."""
+    keys = []
+    for place in places:
+        keys += [counter_key(key, place), claim_list_key(key, place)]
+        keys += [claims_key(key, place, consumer) for consumer in range(consumers)]
+    return keys
+
+
 def claim_list_key(key: str, place: str) -> str:
     """The store key of ``place``'s sealable claim list (claims under leases)."""
     return f"{key}/list/{place}"

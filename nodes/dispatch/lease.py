@@ -20,7 +20,10 @@ A value is a small JSON object:
 - ``beat``: the generation, +1 on every write, so a rank that stopped can be
   told from one that kept the same position;
 - ``state``, ``since``: the rank's full position is published under
-  ``{lease}/state/{state}`` every so many items (a Loader state, which costs
+  ``{lease}/state/{state % 2}`` (two slots, each text led by its number, so a
+  rank's keys stay bounded; a taker reads the slot the value names, which the
+  holder cannot overwrite without first writing the lease again) every so many
+  items (a Loader state, which costs
   ~0.1-0.4 ms), and ``since`` counts the items delivered after it (a write of a
   few bytes per item): a taker restores that state and replays ``since`` items,
   as a resume replays the items after a DataLoader snapshot.
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodes.dispatch.store import StoreClient
+from nodes.errors import InvalidStateError
 
 #: Statuses of a lease value.
 ACTIVE, DONE, TAKEN = "active", "done", "taken"
@@ -64,6 +68,11 @@ class LeaseLost(RuntimeError):
             "longer than dispatch_lease_seconds without renewing it (stopped, frozen or "
             "cut off), so that rank now delivers the rest of this rank's units"
         )
+
+
+def state_key(lease: str, number: int) -> str:
+    """Where a lease's published state ``number`` lives: one of two slots."""
+    return f"{lease}/state/{number % 2}"
 
 
 def lease_key(key: str, rank: int) -> str:
@@ -134,7 +143,7 @@ class Lease:
         if self._text:
             self.publish_state(state_text)
         else:
-            self.client.set(f"{self.key}/state/0", state_text)
+            self.client.set(state_key(self.key, 0), f"0:{state_text}")
             self._write(status=ACTIVE, state=0, since=0, phase=-1, phases=0)
             self._published_at = clock()
         self._stop = threading.Event()
@@ -154,7 +163,7 @@ class Lease:
     def publish_state(self, state_text: str, *, phase: int | None = None) -> None:
         """Publish ``state_text`` as the position (before the item it covers is delivered)."""
         number = self._value["state"] + 1
-        self.client.set(f"{self.key}/state/{number}", state_text)
+        self.client.set(state_key(self.key, number), f"{number}:{state_text}")
         changes: dict[str, Any] = {"status": ACTIVE, "state": number, "since": 0}
         if phase is not None:
             changes["phase"] = phase
@@ -231,8 +240,15 @@ class LeaseWatch:
         return raw, decode(raw, lease_key(self.key, rank))
 
     def scan(self) -> dict[int, tuple[bytes, dict[str, Any] | None]]:
-        """Every other rank's lease: ``{rank: (raw value, decoded or None)}``."""
-        return {rank: self.read(rank) for rank in range(self.world_size) if rank != self.rank}
+        """Every other rank's lease: ``{rank: (raw value, decoded or None)}``, read in two
+        round trips to the store whatever the number of ranks."""
+        ranks = [rank for rank in range(self.world_size) if rank != self.rank]
+        keys = [lease_key(self.key, rank) for rank in ranks]
+        values = self.client.get_all_or_none(keys)
+        return {
+            rank: (raw or b"", decode(raw or b"", key))
+            for rank, key, raw in zip(ranks, keys, values, strict=True)
+        }
 
     def pending(
         self, leases: dict[int, tuple[bytes, dict[str, Any] | None]], phases: int
@@ -267,5 +283,15 @@ class LeaseWatch:
         return old or {"status": ACTIVE, "beat": -1, "state": -1, "since": 0, "phase": -1}
 
     def state_text(self, rank: int, number: int) -> str | None:
-        raw = self.client.get_or_none(f"{lease_key(self.key, rank)}/state/{number}")
-        return None if raw is None else raw.decode()
+        raw = self.client.get_or_none(state_key(lease_key(self.key, rank), number))
+        if raw is None:
+            return None
+        found, _, text = raw.decode().partition(":")
+        if found != str(number):  # the holder cannot reuse the slot while the lease names it
+            raise InvalidStateError(
+                f"dispatch lease {rank} state {number}",
+                f"the state numbered {number}",
+                found[:20],
+                note="the lease's published position was changed or damaged in the store",
+            )
+        return text

@@ -194,6 +194,27 @@ class StoreClient:
             f"get({key!r})", lambda store: store.get(key) if store.check([key]) else None
         )
 
+    def get_all_or_none(self, keys: list[str]) -> list[bytes | None]:
+        """The values of ``keys`` (``None`` for a key never set): two round trips when every
+        key is set (``check`` and ``multi_get``), however many keys."""
+
+        def op(store: Any) -> list[bytes | None]:
+            if not keys:
+                return []
+            if store.check(keys):
+                return list(store.multi_get(keys))
+            return [store.get(key) if store.check([key]) else None for key in keys]
+
+        return self._call(f"multi_get({len(keys)} keys)", op)
+
+    def delete(self, keys: list[str]) -> None:
+        """Remove ``keys`` (those never set are skipped)."""
+        self._call(f"delete({len(keys)} keys)", lambda store: [store.delete_key(k) for k in keys])
+
+    def num_keys(self) -> int:
+        """How many keys the store holds (its own bookkeeping included)."""
+        return int(self._call("num_keys()", lambda store: store.num_keys()))
+
     def set(self, key: str, value: str) -> None:
         self._call(f"set({key!r})", lambda store: store.set(key, value))
 
