@@ -14,7 +14,7 @@ import pytest
 
 import datapipes as dp
 from datapipes.inspect import load_recipe
-from datapipes.inspect.load import CheckpointError
+from datapipes.inspect import CheckpointError
 from tests.subprocess_helpers import ROOT
 
 RECIPE = """
