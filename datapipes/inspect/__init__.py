@@ -1,4 +1,4 @@
-"""Reading a checkpoint: where a Loader stopped, and whether and where a recipe can resume from it.
+"""The inspect command and ``describe_checkpoint``: where a Loader stopped, where it can resume.
 
 ``python -m datapipes inspect CHECKPOINT [CHECKPOINT ...] [--recipe MODULE:NAME]
 [--world-size N] [--num-workers K] [--json]`` finds every
@@ -26,21 +26,26 @@ records read but not delivered and the rests of files of a file source), and
 with ``--world-size``/``--num-workers`` how it would be dealt to the consumers
 of that topology, or why a resume there is refused.
 
+A state taken under ``dp.Loader(..., dispatch="dynamic")`` shows, per rank, its
+dispatch record (the epoch, the unit size, the units each consumer claimed), and
+its graphs are built as that Loader built them (each source reading the units
+it claimed); with ``--recipe`` the job's part also says how many units each
+source had and how many no consumer reached (a resume hands those out whole).
+
 Exit status: 0 ok; 1 a recipe that cannot resume, no Loader state, states of one
 job that do not merge, or a deal asked for (``--world-size``/``--num-workers``)
 that cannot be told; 2 a usage error.
 
-From the input to the report: checkpoint files are read by
-:mod:`datapipes.checkpoint_files` (nothing unpickled but plain data), each
-Loader state found is parsed once into the model of :mod:`datapipes.resume`
-and the states of one job merged (:func:`gather`, here), then
+From the input to the report: the files are read by
+:mod:`datapipes.checkpoint_files` (nothing unpickled but plain data); each
+Loader state found is parsed once into :mod:`datapipes.resume`'s model, and
+the states of one job are merged (:func:`gather`, here); a state that does not
+parse is shown as found. Then:
 
 - ``recipe``: ``--recipe`` loaded, and whether it can resume each state;
 - ``job``: what a state covers, what remains of its epoch and how it is dealt;
 - ``tree``: the levels of a node state, by the recorded graph or a recipe built again;
-- ``render``: the text and JSON report;
-
-and this module runs them: :func:`main` (the command) and :func:`describe_checkpoint`.
+- ``render``: the text and JSON report.
 
 In-process, for tutorials and notebooks::
 

@@ -1,14 +1,8 @@
-"""A job's checkpoint as a whole: its ranks' states merged, and what remains of the epoch.
+"""What a job's checkpoint says about resuming it: coverage, the remaining work, its deal.
 
-A job of several ranks often saves one file per rank (``torch.save`` of each
-rank's ``Loader.state_dict()``), or a DCP folder that holds every rank. The
-Loader states found in the checkpoints given are parsed once
-(:func:`datapipes.resume.parse_state`), grouped by job (same recipe, seed and
-topology) and each group is merged with :func:`datapipes.merge_states`, so the
-report is about the job, not about one file. A state that does not parse is
-shown as found, alone.
-
-For a state that covers every rank of its job, :func:`elastic_report` says,
+A state (parsed once, :class:`datapipes.resume.JobState`) covers every rank of
+its job (it can resume on any topology) or some ranks only (it resumes on the
+saved topology). For a state that covers its job, :func:`elastic_report` says,
 with the recipe, how much of the interrupted epoch remains (per source: items
 of a positions source, records and file rests of a file source) and how it
 would be dealt to another topology; without the recipe, what the state itself

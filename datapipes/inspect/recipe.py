@@ -16,7 +16,7 @@ naming what was tried and these forms (exit status 2).
 :func:`check_recipe` tells what stops a recipe from resuming a state: another
 fingerprint (the steps that differ), a rank whose Loader refuses the state, a
 file reader whose saved position is in another file than this recipe reads.
-Without a recipe, :func:`check_state` checks the state's shape only.
+Without a recipe, :func:`check` checks the state's shape only.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def check(
             + explain_difference(state.steps, pipe.steps())
         ]
     own = {"seed": seed, "num_workers": num_workers}
-    arguments = {**state.setup.loader_arguments()}
+    arguments = state.setup.loader_arguments()
     arguments.update({key: value for key, value in own.items() if value is not None})
     # Ranks at an epoch's start with nothing else to say load as the others do (a merged
     # state keeps them as ranges): one Loader per rank with something to say.

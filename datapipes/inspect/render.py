@@ -1,9 +1,11 @@
-"""The report on a checkpoint's Loader states: as text, one line per level, or as JSON.
+"""The report on a checkpoint's Loader states: as text, or as JSON.
 
 Per state: its version, fingerprint, seed, steps and topology; per rank its
-epoch and position, the node states one line per level with their kinds, steps
-and scalar fields (long lists summarised, never printed), and for worker
-processes the snapshot, the next worker and one tree per worker.
+epoch, plans, dispatch record and position (level by level, see
+:class:`datapipes.inspect.tree.Writer`); then the recipe check and the job's
+part (:func:`datapipes.inspect.job.job_report`). A parsed state is shown from
+its model; one that does not parse is shown as found, as far as it goes
+(:func:`_as_found`, the one place that reads a state's raw fields).
 """
 
 from __future__ import annotations
@@ -133,14 +135,10 @@ def _ranks(
         if entry.dispatch is not None:
             writer.line(2, record_text(told.get(str(rank)) or record_summary(entry.dispatch)))
         if entry.node is None:
-            if entry.plans_of(entry.epoch) is not None:
-                writer.line(
-                    2, f"no position: the next iteration reads its plan for epoch {entry.epoch}"
-                )
-            else:
-                writer.line(
-                    2, f"no position: the next iteration runs epoch {entry.epoch} from its start"
-                )
+            e = entry.epoch
+            plan = entry.plans_of(e) is not None
+            then = f"reads its plan for epoch {e}" if plan else f"runs epoch {e} from its start"
+            writer.line(2, f"no position: the next iteration {then}")
             continue
         saved = saved_graph(state, rank)
         graph = RecipeGraph(saved)

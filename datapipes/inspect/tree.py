@@ -11,7 +11,13 @@ With a recipe (``--recipe``) the graph is built again as the consumer ran it
 compared with the recorded one, and its nodes give a reader's file URL and let
 the file positions be checked. With worker processes, a rank's main-process
 graph ends in a placeholder for the workers, and each worker's graph is built
-on demand from its saved epoch.
+on demand from its saved epoch. Under dynamic dispatch each source is wrapped
+as the Loader wrapped it, replaying the rank's dispatch record
+(:class:`datapipes.resume.claims.ReplayDispatch`), so nothing is claimed.
+
+:class:`Writer` writes a position as lines: one per level with its kind, steps
+and scalar fields (long lists summarised, never printed), and for worker
+processes the snapshot, the next worker and one tree per worker.
 """
 
 from __future__ import annotations
@@ -187,7 +193,7 @@ def saved_graph(state: JobState, rank: int) -> Record | None:
             try:
                 return json.loads(entry.graph)
             except (ValueError, RecursionError):
-                return None  # a damaged record: the levels nest by UPSTREAM alone
+                continue  # a damaged record (the levels nest by UPSTREAM alone without one)
     return None
 
 
