@@ -50,8 +50,10 @@ class Shown(NamedTuple):
         """``state`` found at ``path``, parsed once."""
         try:
             return cls(path, state, [], "", parse_state(state), "")
-        except StateMismatchError as error:  # InvalidStateError included
-            return cls(path, state, [], "", None, str(error))
+        except Exception as error:  # noqa: BLE001 - shown as the reason, never as a traceback
+            known = isinstance(error, StateMismatchError)  # InvalidStateError included
+            why = str(error) if known else f"{type(error).__name__}: {error}"
+            return cls(path, state, [], "", None, why)
 
 
 # ----- coverage ------------------------------------------------------------------------------
