@@ -34,8 +34,7 @@ import numpy as np
 import pytest
 
 import datapipes as dp
-from datapipes.inspect import describe_checkpoint
-from datapipes.inspect import check_recipe
+from datapipes.inspect import check_recipe, describe_checkpoint
 from datapipes.resume.schema import node_digest
 from nodes import UPSTREAM, Node
 from tests.file_fixtures import (

@@ -50,9 +50,7 @@ def epoch_work(pipe: DataPipe[Any], ctx: Context) -> el.Work:
         root.close()
 
 
-def whole_epoch(
-    pipe: DataPipe[Any], setup: JobSetup, epoch: int, listings: Any = None
-) -> el.Work:
+def whole_epoch(pipe: DataPipe[Any], setup: JobSetup, epoch: int, listings: Any = None) -> el.Work:
     """The whole work of ``epoch`` of a job of ``setup`` running ``pipe`` (what a dispatch
     record without its work stands for): :func:`epoch_work` of the part a consumer runs."""
     ctx = Context(epoch=epoch, seed=setup.seed, listings=listings)
