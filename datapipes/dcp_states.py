@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from datapipes.checkpoint_files import read_dcp_entries, read_dcp_metadata
+
 __all__ = ["load_dcp_states"]
 
 #: The keys that make a dict a Loader state (as :func:`datapipes.resume.graph.find_loader_states`).
@@ -73,7 +75,7 @@ def load_dcp_states(path: str | os.PathLike[str], key: str | None = None) -> dic
             f"{name} is not a torch.distributed.checkpoint folder: it has no .metadata file "
             "(or the save did not finish)"
         )
-    metadata = _read_metadata(folder)
+    metadata = read_dcp_metadata(folder)  # a ValueError (CheckpointError) naming the file
     paths = _entry_paths(metadata)
     state = _find_state(folder, metadata, paths, key)
     from datapipes.resume import merge_states  # here: datapipes imports this module
@@ -84,17 +86,6 @@ def load_dcp_states(path: str | os.PathLike[str], key: str | None = None) -> dic
 
 
 # ----- reading the folder -----------------------------------------------------------------
-
-
-def _read_metadata(folder: Path) -> Any:
-    """The folder's DCP metadata, unpickling nothing but DCP's metadata classes."""
-    from datapipes.inspect.load import _MetadataUnpickler
-
-    try:
-        with open(folder / ".metadata", "rb") as file:
-            return _MetadataUnpickler(file).load()
-    except Exception as error:  # noqa: BLE001 - reported with the file
-        raise ValueError(f"cannot read {str(folder / '.metadata')!r}: {error}") from error
 
 
 def _entry_paths(metadata: Any) -> dict[str, tuple[Any, ...]]:
@@ -128,12 +119,12 @@ def _find_state(
     places = _loader_places(paths)
     if key is not None:
         wanted = {f for f, p in paths.items() if _under(p, key)}
-        loaded = _read_entries(folder, metadata, wanted)
+        loaded = read_dcp_entries(folder, metadata, wanted)
         state = _get(loaded, key, paths, wanted)
         if _is_loader_state(state):
             return state
         others = [_dotted(p) for p in places] or [
-            p for p, _ in find_loader_states(_read_entries(folder, metadata, None))
+            p for p, _ in find_loader_states(read_dcp_entries(folder, metadata, None))
         ]
         where = f"Loader states are at {others}" if others else "it holds no Loader state"
         what = "nothing" if state is None else f"a {type(state).__name__}"
@@ -143,14 +134,14 @@ def _find_state(
     if len(places) == 1:
         key = _dotted(places[0])
         wanted = {f for f, p in paths.items() if _under(p, key)}
-        return _get(_read_entries(folder, metadata, wanted), key, paths, wanted)
+        return _get(read_dcp_entries(folder, metadata, wanted), key, paths, wanted)
     if places:
         raise ValueError(
             f"{name} holds several Loader states, at {[_dotted(p) for p in places]}: "
             "say which with key="
         )
     # Not flattened the usual way (a Loader state saved as one entry): look at everything.
-    everything = _read_entries(folder, metadata, None)
+    everything = read_dcp_entries(folder, metadata, None)
     found = find_loader_states(everything)
     if len(found) == 1:
         return found[0][1]
@@ -187,17 +178,3 @@ def _get(
 
 def _is_loader_state(value: Any) -> bool:
     return isinstance(value, dict) and all(k in value for k in _LOADER_KEYS)
-
-
-def _read_entries(folder: Path, metadata: Any, keys: set[str] | None) -> dict[str, Any]:
-    """The non-tensor entries ``keys`` (all: ``None``) of the folder, nested as saved.
-
-    Tensors are left out (a Loader state holds none). No collective runs, even when a
-    process group is up, and each entry is read with ``torch.load(weights_only=True)``.
-    """
-    from datapipes.inspect.load import read_dcp_entries
-
-    try:
-        return read_dcp_entries(folder, metadata, keys)
-    except Exception as error:  # noqa: BLE001 - reported with the folder
-        raise ValueError(f"cannot read the DCP checkpoint {str(folder)!r}: {error}") from error

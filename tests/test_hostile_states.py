@@ -34,8 +34,7 @@ import numpy as np
 import pytest
 
 import datapipes as dp
-from datapipes.inspect import describe_checkpoint
-from datapipes.inspect.cli import check_recipe
+from datapipes.inspect import check_recipe, describe_checkpoint
 from datapipes.resume.schema import node_digest
 from nodes import UPSTREAM, Node
 from tests.file_fixtures import (
@@ -585,7 +584,7 @@ def _loads(recipe: Recipe, state: Any) -> tuple[str, str]:
 
 
 def test_inspect_without_a_recipe_checks_the_envelope(tmp_path: Path) -> None:
-    from datapipes.inspect.cli import main
+    from datapipes.inspect import main
 
     loader = dp.Loader(dp.range(10))
     next(iter(loader))

@@ -611,3 +611,35 @@ def test_json_has_the_job_its_remaining_work_and_the_deal(job, tmp_path, capsys)
     assert shares == [38, 38]
     assert report["deal"]["exact_resume"] is False
     assert parsed["recipe_check"][0]["ok"] is True
+
+
+def test_a_state_that_does_not_parse_is_shown_alone_and_its_job_merged(job, tmp_path, capsys):
+    _, paths = three_rank_job(job, tmp_path)
+    damaged = torch.load(paths[1], weights_only=True)
+    damaged["data"]["ranks"]["1"]["digest"] = "0" * 16  # as if the file had been edited
+    torch.save(damaged, tmp_path / "damaged.pt")
+
+    code, out, err = run_main(capsys, *paths, str(tmp_path / "damaged.pt"))
+
+    assert code == 1, out + err  # the damaged state fails its check
+    assert "Traceback" not in out + err
+    merged, alone = out.split("\n\n")
+    assert merged.startswith("Loader state merged from 3 states (dp.merge_states)")
+    assert "state check (shape only): OK" in merged
+    assert alone.startswith(f"Loader state at '{tmp_path / 'damaged.pt'}:data'")
+    assert 'state check (shape only): FAILED\n    invalid state at ranks["1"].digest' in alone
+    assert "job: ! this state cannot be read for a resume" in alone
+    assert "rank 1: epoch 0\n" in alone  # shown as found: its position, level by level
+    assert "(buffer shuffle)" in alone
+
+
+def test_ranks_at_their_epochs_start_are_one_line_per_epoch(job, tmp_path, capsys):
+    pipe = load_recipe(f"{job}:ranged")[0]
+    paths = save_ranks(tmp_path, "idle", job_loaders(pipe, 6), [2, 1, 0, 0, 0, 0])
+
+    code, out, _ = run_main(capsys, *paths)
+
+    assert code == 0
+    assert "ranks 2-5: epoch 0, no position (at the epoch's start)" in out
+    assert "rank 2: epoch 0\n" not in out
+    assert "epoch 0: ranks 0-1 mid-epoch, ranks 2-5 not started" in out

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 import datapipes as dp
-from datapipes.inspect import load_recipe
-from datapipes.inspect.load import CheckpointError
+from datapipes.inspect import CheckpointError, load_recipe
 from tests.subprocess_helpers import ROOT
 
 RECIPE = """

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from datapipes.inspect.load import read_dcp
+from datapipes.checkpoint_files import read_dcp
 from nodes import torch_adapter as adapter
 
 ADAPTER = "nodes/torch_adapter.py"

@@ -1,137 +1,77 @@
-"""A job's checkpoint as a whole: its ranks' states merged, and what remains of the epoch.
+"""What a job's checkpoint says about resuming it: coverage, the remaining work, its deal.
 
-A job of several ranks often saves one file per rank (``torch.save`` of each
-rank's ``Loader.state_dict()``), or a DCP folder that holds every rank. The
-Loader states found in the checkpoints given are grouped by job (same recipe,
-seed and topology) and each group is merged with :func:`datapipes.merge_states`,
-so the report is about the job, not about one file.
-
-For a state that covers every rank of its job, :func:`elastic_report` says,
+A state (parsed once, :class:`datapipes.resume.JobState`) covers every rank of
+its job (it can resume on any topology) or some ranks only (it resumes on the
+saved topology). For a state that covers its job, :func:`elastic_report` says,
 with the recipe, how much of the interrupted epoch remains (per source: items
 of a positions source, records and file rests of a file source) and how it
 would be dealt to another topology; without the recipe, what the state itself
 tells (each rank's epoch, the ranks that finished it, the plans a rank holds
-after a resume on another topology). Everything is plain data (the ``--json``
-output); :mod:`datapipes.inspect.render` writes it as text.
+after a resume on another topology, the units its consumers claimed under
+dynamic dispatch). Everything is plain data (the ``--json`` output);
+:mod:`datapipes.inspect.render` writes it as text.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from typing import Any, NamedTuple
 
-from datapipes.inspect.dispatch import job_units, rank_record, record_summary, unit_counts
+from datapipes.inspect.tree import source_labels
 from datapipes.pipe import DataPipe
-from datapipes.placement import worker_part
-from datapipes.resume import JobState, job_state, merge_states, parse_state, remaining_work
-from datapipes.resume.claims import ReplayDispatch, epoch_work
-from datapipes.resume.graph import find_loader_states
+from datapipes.resume import (
+    DispatchRecord,
+    JobSetup,
+    JobState,
+    Plans,
+    RankEntry,
+    parse_state,
+    remaining_work,
+)
+from datapipes.resume.claims import ReplayDispatch, whole_epoch
 from datapipes.resume.remaining import resume_epoch
-from nodes import Context
 from nodes import elastic as el
+from nodes.dispatch import DispatchSpec
 from nodes.errors import InvalidStateError, StateMismatchError
 
 
 class Shown(NamedTuple):
-    """A Loader state to report on, and where it came from."""
+    """A Loader state to report on, where it came from, and its parsed model."""
 
     path: str  # where it was found ("file:path" when several checkpoints were given)
-    state: dict[str, Any]
+    state: dict[str, Any]  # as found or merged: what --json shows and a Loader loads
     merged_from: list[str]  # the paths of the states merged into it ([]: shown as found)
     problem: str  # why the states of its job that were given could not be merged ("": none)
+    parsed: JobState | None  # None: it does not parse, and is shown as found
+    unreadable: str  # why it does not parse ("": it does)
 
-
-# ----- finding and merging --------------------------------------------------------------------
-
-
-def gather(checkpoints: list[tuple[str, Any]]) -> list[Shown]:
-    """The Loader states in ``checkpoints`` (``(name, loaded object)`` each), by job.
-
-    States of one job (same fingerprint, steps, seed and topology) found in
-    several places are merged with :func:`datapipes.merge_states` (one
-    ``torch.save`` file per rank, in any order); when that is refused (a rank
-    twice with different positions, states of different steps) each is shown
-    as found, with the reason. A state alone is shown as found.
-    """
-    several = len(checkpoints) > 1
-    found: list[tuple[str, dict[str, Any]]] = []
-    for name, checkpoint in checkpoints:
-        for path, state in find_loader_states(checkpoint):
-            where = (f"{name}:{path}" if path else name) if several else path
-            found.append((where, state))
-    groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for path, state in found:
-        groups.setdefault(_job_key(state), []).append((path, state))
-    shown: list[Shown] = []
-    for group in groups.values():
-        if len(group) == 1:
-            shown.append(Shown(group[0][0], group[0][1], [], ""))
-            continue
+    @classmethod
+    def found(cls, path: str, state: dict[str, Any]) -> Shown:
+        """``state`` found at ``path``, parsed once."""
         try:
-            merged = merge_states([state for _, state in group])
-        except (StateMismatchError, ValueError) as error:
-            why = f"the {len(group)} states of this job given were not merged: {error}"
-            together = _together(group)
-            if together is not None:  # some ranks of the job, each once: shown as one
-                shown.append(Shown(f"{len(group)} states", together, [p for p, _ in group], why))
-            else:
-                shown += [Shown(path, state, [], why) for path, state in group]
-            continue
-        paths = [path for path, _ in group]
-        shown.append(Shown(f"merged from {len(group)} states", merged, paths, ""))
-    return shown
-
-
-def _together(group: list[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
-    """States of some ranks of one job as one state (not merged: not every rank is there),
-    or ``None`` when two of them hold the same rank."""
-    ranks: dict[str, Any] = {}
-    for _, state in group:
-        saved = state.get("ranks")
-        if not isinstance(saved, dict) or any(rank in ranks for rank in saved):
-            return None
-        try:
-            saved = _written_out(parse_state(state))["ranks"]  # idle ranks written out too
-        except (StateMismatchError, InvalidStateError):
-            return None
-        if any(rank in ranks for rank in saved):
-            return None
-        ranks.update(saved)
-    first = {key: value for key, value in group[0][1].items() if key != "idle"}
-    return {**first, "ranks": {rank: ranks[rank] for rank in sorted(ranks, key=_rank_order)}}
-
-
-def _rank_order(rank: str) -> tuple[int, str]:
-    return (int(rank), rank) if str(rank).isdigit() else (1 << 62, str(rank))
-
-
-def _job_key(state: dict[str, Any]) -> str:
-    """What the states of one job share (each rank's own state differs in its ranks only)."""
-    shared = {key: state.get(key) for key in ("version", "fingerprint", "steps", "seed")}
-    return json.dumps({**shared, "topology": state.get("topology")}, sort_keys=True, default=str)
+            return cls(path, state, [], "", parse_state(state), "")
+        except Exception as error:  # noqa: BLE001 - shown as the reason, never as a traceback
+            known = isinstance(error, StateMismatchError)  # InvalidStateError included
+            why = str(error) if known else f"{type(error).__name__}: {error}"
+            return cls(path, state, [], "", None, why)
 
 
 # ----- coverage ------------------------------------------------------------------------------
 
 
 def ranks_text(ranks: list[int]) -> str:
-    """Rank numbers, runs written as ranges.
+    """Rank numbers (or unit indices), runs written as ranges.
 
     >>> ranks_text([0, 1, 2, 5, 7, 8])
     '0-2, 5, 7-8'
     """
     runs: list[list[int]] = []
-    for rank in sorted(ranks):
+    for rank in sorted(set(ranks)):
         if runs and runs[-1][1] == rank - 1:
             runs[-1][1] = rank
         else:
             runs.append([rank, rank])
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def _written_out(state: JobState) -> dict[str, Any]:
-    """A parsed state as raw data with every rank's entry written out (idle ranges too)."""
-    return job_state(state, idle_as_ranges=False)
 
 
 def coverage(state: JobState) -> tuple[bool, str]:
@@ -155,12 +95,6 @@ def coverage(state: JobState) -> tuple[bool, str]:
 
 
 # ----- pieces of work, counted for people ----------------------------------------------------
-
-
-def _source_row(place: str, labels: dict[str, str], entry: dict[str, Any]) -> dict[str, Any]:
-    """One source's line of the remaining work: its label and what its pieces hold."""
-    summary = summarize(entry["kind"], entry["pieces"], entry.get("held"))
-    return {"place": place, "label": labels.get(place, place), **summary}
 
 
 def summarize(kind: str | None, pieces: list[el.Piece], held: int | None = None) -> dict[str, Any]:
@@ -193,26 +127,36 @@ def summarize(kind: str | None, pieces: list[el.Piece], held: int | None = None)
     return out
 
 
-def plans_summary(entry: dict[str, Any], epoch: int) -> dict[str, Any] | None:
-    """The plans a rank entry holds: for which epoch, and per consumer what they hold."""
-    plans = entry.get("plans")
-    if not isinstance(plans, dict):
+def _sources(work: el.Work | None, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per source of ``work``: its label and what its pieces hold."""
+    rows = [
+        {
+            "place": place,
+            "label": labels.get(place, place),
+            **summarize(entry["kind"], entry["pieces"], entry.get("held")),
+        }
+        for place, entry in (work or {}).items()
+    ]
+    return sorted(rows, key=lambda row: row["label"])
+
+
+def plans_summary(plans: Plans | None, epoch: int) -> dict[str, Any] | None:
+    """The plans a rank entry holds: for which epoch (``current``: ``epoch``), and per
+    consumer what they hold."""
+    if plans is None:
         return None
-    try:
-        value = json.loads(plans["text"])
-        consumers = value["consumers"]
+    try:  # pieces are checked by the sources that read them: these may not be pieces
         summaries = [
             {place: summarize(None, pieces) for place, pieces in sorted(plan.items())}
-            for plan in consumers
+            for plan in plans.consumers
         ]
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
         return {"problem": f"unreadable plans ({type(error).__name__}: {error})"}
-    pieces = sum(s["pieces"] for plan in summaries for s in plan.values())
     return {
-        "epoch": value["epoch"],
-        "current": value["epoch"] == epoch,
+        "epoch": plans.epoch,
+        "current": plans.epoch == epoch,
         "consumers": summaries,
-        "pieces": pieces,
+        "pieces": sum(s["pieces"] for plan in summaries for s in plan.values()),
     }
 
 
@@ -236,24 +180,42 @@ def elastic_report(
     ``problem`` says why something asked for cannot be told (a refusal of an
     elastic resume, :class:`datapipes.ElasticResumeError`, is ``refused``).
     """
+    return _report(Shown.found("", state), pipe, world_size, num_workers)
+
+
+def job_report(
+    item: Shown,
+    pipe: DataPipe[Any] | None,
+    world_size: int | None = None,
+    num_workers: int | None = None,
+) -> dict[str, Any]:
+    """:func:`elastic_report` of a state found, with where it was merged from."""
+    report = _report(item, pipe, world_size, num_workers)
+    report.update(merged_from=item.merged_from, merge_problem=item.problem or None)
+    return report
+
+
+def _report(
+    item: Shown,
+    pipe: DataPipe[Any] | None,
+    world_size: int | None,
+    num_workers: int | None,
+) -> dict[str, Any]:
     report: dict[str, Any] = {"problem": None, "refused": False}
-    try:
-        parsed = parse_state(state)
-    except StateMismatchError as error:
-        report["problem"] = f"this state cannot be read for a resume: {error}"
+    state = item.parsed
+    if state is None:
+        report["problem"] = f"this state cannot be read for a resume: {item.unreadable}"
         return report
-    state = _written_out(parsed)  # a merged state keeps the ranks with nothing to say apart
-    setup = parsed.setup
-    covers, text = coverage(parsed)
-    ranks = state["ranks"]
+    setup = state.setup
+    covers, text = coverage(state)
     report.update(
         saved_topology={"world_size": setup.world_size, "num_workers": setup.num_workers},
-        ranks=sorted(int(rank) for rank in ranks),
+        ranks=sorted(state.ranks),
         covers_job=covers,
         coverage=text,
     )
     try:
-        epoch = resume_epoch(parsed.ranks)
+        epoch = resume_epoch(state.ranks)
     except StateMismatchError as error:  # ranks of different checkpoints: no job to resume
         report["covers_job"] = False
         report["coverage"] = (
@@ -263,45 +225,46 @@ def elastic_report(
         report["problem"] = str(error)
         return report
     report["epoch"] = epoch
-    report["rank_status"] = {
-        rank: _rank_status(ranks[rank], epoch) for rank in sorted(ranks, key=int)
-    }
-    same_recipe = pipe is not None and pipe.fingerprint() == state["fingerprint"]
+    report["rank_status"] = {str(r): _rank_status(e, epoch) for r, e in state.ranks.items()}
+    same_recipe = pipe is not None and pipe.fingerprint() == state.fingerprint
     dispatch = dispatch_ranks(state, pipe if same_recipe else None)
     if dispatch:
         report["dispatch"] = {"ranks": dispatch}
     asked = world_size is not None or num_workers is not None
-    target = {
-        "world_size": setup.world_size if world_size is None else world_size,
-        "num_workers": setup.num_workers if num_workers is None else num_workers,
-    }
+    target = dataclasses.replace(
+        setup,
+        world_size=setup.world_size if world_size is None else world_size,
+        num_workers=setup.num_workers if num_workers is None else num_workers,
+    )
+    deal = {"world_size": target.world_size, "num_workers": target.num_workers, "consumers": None}
     report["needs_recipe"] = pipe is None
     if pipe is None:
         if asked:
-            report["deal"] = {**target, "consumers": None}
+            report["deal"] = deal
             report["problem"] = (
                 "the remaining work and its deal need the recipe (--recipe MODULE:NAME): "
                 "the positions point into the data it names"
             )
         return report
-    if pipe.fingerprint() != state["fingerprint"]:
+    if not same_recipe:
         report["problem"] = "the recipe is not the checkpoint's (see the recipe check)"
         return report
-    same = target == report["saved_topology"]
+    same = target.same_topology(setup)
     if not covers:  # the ranks not saved here hold the rest of the job's work
         if asked and not same:
-            report["deal"] = {**target, "consumers": None}
+            report["deal"] = deal
             report["problem"] = (
-                f"cannot be dealt to world size {target['world_size']}, "
-                f"{target['num_workers']} workers: only some ranks' states were given; pass "
+                f"cannot be dealt to world size {target.world_size}, "
+                f"{target.num_workers} workers: only some ranks' states were given; pass "
                 "every rank's checkpoint (they are merged) to resume on another topology"
             )
         return report
     try:
-        _remaining(report, pipe, state, parsed)
+        labels = _remaining(report, pipe, state)
         if asked:
-            report["deal"] = {**target, "consumers": None}
-            _deal(report, pipe, state, parsed, target, same)
+            report["deal"] = deal
+            deal["exact_resume"] = same
+            deal["consumers"] = _deal(report, pipe, state, target, labels)
     except StateMismatchError as error:  # ElasticResumeError included: a refusal, with its reason
         report["problem"] = str(error)
         report["refused"] = isinstance(error, el.ElasticResumeError)
@@ -312,149 +275,159 @@ def elastic_report(
     return report
 
 
-def _rank_status(entry: dict[str, Any], epoch: int) -> dict[str, Any]:
-    plans = plans_summary(entry, epoch)
-    if entry["epoch"] > epoch:
+def _rank_status(entry: RankEntry, epoch: int) -> dict[str, Any]:
+    plans = plans_summary(entry.plans, epoch)
+    if entry.epoch > epoch:
         status = "finished"
-    elif entry["node"] is not None:
+    elif entry.node is not None:
         status = "mid-epoch"
     elif plans is not None and plans.get("current"):
         status = "dealt, not started"
     else:
         status = "not started"
-    return {"epoch": entry["epoch"], "status": status, "plans": plans}
+    return {"epoch": entry.epoch, "status": status, "plans": plans}
 
 
-def _remaining(
-    report: dict[str, Any], pipe: DataPipe[Any], state: dict[str, Any], parsed: JobState
-) -> None:
-    """The remaining work of the job's (first unfinished) epoch, per source."""
+def _remaining(report: dict[str, Any], pipe: DataPipe[Any], state: JobState) -> dict[str, str]:
+    """The remaining work of the job's (first unfinished) epoch, per source; the sources'
+    labels."""
     replays: list[ReplayDispatch] = []
     try:
-        at, work = remaining_work(pipe, parsed, replays=replays)
+        at, work = remaining_work(pipe, state, replays=replays)
     except InvalidStateError as error:
         raise StateMismatchError(str(error)) from error
-    labels = source_labels(pipe, state, at)
+    labels = source_labels(pipe, state.setup, at)
     if replays:  # a dynamic epoch: its units, and those no consumer reached
-        records = [r for e in state["ranks"].values() if (r := rank_record(e)) is not None]
-        records = [r for r in records if r["epoch"] == at]
+        records = [e.dispatch for e in state.ranks.values() if e.dispatch is not None]
         dispatch = report.setdefault("dispatch", {"ranks": {}})
-        dispatch.update(epoch=at, sources=job_units(replays[0], records, labels))
-    if work is None:
-        report["remaining"] = {"epoch": at, "whole_epoch": True, "sources": []}
-        return
+        at_epoch = [record for record in records if record.epoch == at]
+        dispatch.update(epoch=at, sources=job_units(replays[0], at_epoch, labels))
     report["remaining"] = {
         "epoch": at,
-        "whole_epoch": False,
-        "sources": [
-            _source_row(place, labels, e)
-            for place, e in sorted(work.items(), key=lambda kv: labels.get(kv[0], kv[0]))
-        ],
+        "whole_epoch": work is None,
+        "sources": _sources(work, labels),
     }
-    report["work"] = work
+    if work is not None:
+        report["work"] = work
+    return labels
 
 
 def _deal(
     report: dict[str, Any],
     pipe: DataPipe[Any],
-    state: dict[str, Any],
-    parsed: JobState,
-    target: dict[str, int],
-    same: bool,
-) -> None:
-    """Each consumer's share of the remaining work on ``target``.
+    state: JobState,
+    target: JobSetup,
+    labels: dict[str, str],
+) -> list[dict[str, Any]]:
+    """Each consumer of ``target``'s share of the remaining work.
 
     On the saved topology nothing is dealt: each rank resumes exactly where it
     stopped, so each rank's share is the remaining work of its own state.
     """
-    deal = report["deal"]
-    deal["exact_resume"] = same
-    labels = source_labels(pipe, state, report["remaining"]["epoch"])
-    work = report.get("work")
+    epoch, work = report["remaining"]["epoch"], report.get("work")
     consumers = []
-    if same:
-        for rank in parsed.ranks:
-            at, own = remaining_work(pipe, parsed.only(rank))
-            sources = _sources(own, labels) if at == report["remaining"]["epoch"] else []
+    if target.same_topology(state.setup):
+        for rank in state.ranks:
+            at, own = remaining_work(pipe, state.only(rank))
+            sources = _sources(own, labels) if at == epoch else []
             consumers.append({"rank": rank, "worker": None, "sources": sources})
     elif work is not None:
-        plans = el.deal(work, target["world_size"] * max(target["num_workers"], 1))
-        per_rank = max(target["num_workers"], 1)
-        for index, plan in enumerate(plans):
-            rank, worker = divmod(index, per_rank)
+        for index, plan in enumerate(el.deal(work, target.num_consumers)):
+            rank, worker = divmod(index, target.consumers_per_rank)
             kinds = {place: {"kind": work[place]["kind"], "pieces": p} for place, p in plan.items()}
+            worker_id = worker if target.num_workers else None
             consumers.append(
-                {
-                    "rank": rank,
-                    "worker": worker if target["num_workers"] else None,
-                    "sources": _sources(kinds, labels),
-                }
+                {"rank": rank, "worker": worker_id, "sources": _sources(kinds, labels)}
             )
-    deal["consumers"] = consumers
+    return consumers
 
 
-def _sources(work: el.Work | None, labels: dict[str, str]) -> list[dict[str, Any]]:
-    if not work:
-        return []
-    return [
-        _source_row(place, labels, e)
-        for place, e in sorted(work.items(), key=lambda kv: labels.get(kv[0], kv[0]))
-    ]
+# ----- dynamic dispatch: each rank's record, and the job's units -----------------------------
 
 
-def dispatch_ranks(state: dict[str, Any], pipe: DataPipe[Any] | None) -> dict[str, Any]:
+def dispatch_ranks(state: JobState, pipe: DataPipe[Any] | None) -> dict[str, Any]:
     """Each rank's dispatch record (dynamic dispatch) as plain data, by rank; with the recipe
-    (``pipe``, the state's) also how many units each source had. A damaged record is a
-    ``problem``, never an exception."""
+    (``pipe``, the state's) also how many units each source had. A record whose units
+    cannot be cut is a ``problem``, never an exception."""
     out: dict[str, Any] = {}
-    whole: dict[int, Any] = {}  # the whole work of an epoch, worked out once
+    whole: dict[int, el.Work] = {}  # the whole work of an epoch, worked out once
     named: dict[int, dict[str, str]] = {}  # and its sources' labels
-    for rank, entry in sorted(state["ranks"].items(), key=lambda kv: int(kv[0])):
-        record = rank_record(entry)
+    for rank, entry in state.ranks.items():
+        record = entry.dispatch
         if record is None:
             continue
-        labels: dict[str, str] = {}
-        units: dict[str, int] | None = None
-        if pipe is not None:
-            try:
-                epoch = record["epoch"]
-                if epoch not in named:
-                    named[epoch] = source_labels(pipe, state, epoch)
-                labels = named[epoch]
-                if record["work"] is None and epoch not in whole:
-                    setup = parse_state(state).setup
-                    part = worker_part(pipe, setup.num_workers)
-                    whole[epoch] = epoch_work(part, Context(epoch=epoch, seed=setup.seed))
-                units = unit_counts(record, whole.get(epoch))
-            except Exception as error:  # noqa: BLE001 - shown as the record's problem
-                out[rank] = {"problem": f"cutting its epoch into units failed: {error}"}
-                continue
-        out[rank] = record_summary(record, labels, units)
+        if pipe is None:
+            out[str(rank)] = record_summary(record)
+            continue
+        try:
+            if record.epoch not in named:
+                named[record.epoch] = source_labels(pipe, state.setup, record.epoch)
+            work = record.work
+            if work is None:
+                if record.epoch not in whole:
+                    whole[record.epoch] = whole_epoch(pipe, state.setup, record.epoch)
+                work = whole[record.epoch]
+            spec = DispatchSpec(
+                None, record.key, record.epoch, record.consumers, record.unit_items, work
+            )
+            units = {place: len(spec.units(place)) for place in work}
+        except Exception as error:  # noqa: BLE001 - shown as the record's problem
+            out[str(rank)] = {"problem": f"cutting its epoch into units failed: {error}"}
+            continue
+        out[str(rank)] = record_summary(record, named[record.epoch], units)
     return out
 
 
-def source_labels(pipe: DataPipe[Any], state: dict[str, Any], epoch: int) -> dict[str, str]:
-    """Each source's place in the recipe, labelled with the recipe's steps that build it."""
-    from datapipes.resume.graph import graph_record  # the record names each node's steps
+def record_summary(
+    record: DispatchRecord,
+    labels: dict[str, str] | None = None,
+    units: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """A rank's dispatch record as plain data: epoch, unit size, consumers, and per
+    consumer the units it claimed per source (``labels``: the sources' recipe labels;
+    ``units``: each source's number of units, when known)."""
+    labels = labels or {}
+    rows = []
+    for consumer, places in sorted(record.claims.items()):
+        per_source = [
+            {"place": place, "label": labels.get(place, place), "units": list(places[place])}
+            for place in sorted(places, key=lambda p: labels.get(p, p))
+        ]
+        count = sum(len(s["units"]) for s in per_source)
+        rows.append({"consumer": consumer, "sources": per_source, "claimed": count})
+    out = {
+        "epoch": record.epoch,
+        "unit_items": record.unit_items,
+        "consumers": record.consumers,
+        "resumed": record.work is not None,
+        "claims": rows,
+    }
+    if units:
+        out["units"] = dict(units)  # by place: two sources may have the same label
+        out["labels"] = {place: labels.get(place, place) for place in units}
+    return out
 
-    setup = parse_state(state).setup
-    part = worker_part(pipe, setup.num_workers)
-    ctx = Context(world_size=setup.world_size, seed=setup.seed, epoch=epoch)
-    pipes: dict[int, DataPipe[Any]] = {}
-    nodes: dict[int, Any] = {}
-    labels: dict[str, str] = {}
-    try:
-        root = part.build(ctx)
-    except Exception:  # noqa: BLE001 - labels are a help: the places stand in for them
-        return labels
-    try:
-        graph_record(root, part, nodes=nodes, pipes=pipes)
-        for key, node in nodes.items():
-            place = node.place
-            if node.elastic == "source" and place is not None and key in pipes:
-                labels.setdefault(place, repr(pipes[key]))
-    except Exception:  # noqa: BLE001
-        pass
-    finally:
-        root.close()
-    return labels
+
+def job_units(
+    replay: ReplayDispatch, records: list[DispatchRecord], labels: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Per source of the job's dynamic epoch (after ``replay`` ran in the remaining work):
+    its units, how many some consumer claimed, and how many no consumer reached (handed
+    out whole by a resume)."""
+    unreached = replay.unreached_units()
+    claimed: dict[str, set[int]] = {}
+    for record in records:
+        for places in record.claims.values():
+            for place, units in places.items():
+                claimed.setdefault(place, set()).update(units)
+    rows = [
+        {
+            "place": place,
+            "label": labels.get(place, place),
+            "units": len(replay.spec.units(place)),
+            "claimed": len(claimed.get(place, set())),
+            "unreached": len(unreached.get(place, [])),
+        }
+        for place in replay.spec.work
+    ]
+    return sorted(rows, key=lambda row: row["label"])

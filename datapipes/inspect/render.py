@@ -1,9 +1,11 @@
-"""The report on a checkpoint's Loader states: as text, one line per level, or as JSON.
+"""The report on a checkpoint's Loader states: as text, or as JSON.
 
 Per state: its version, fingerprint, seed, steps and topology; per rank its
-epoch and position, the node states one line per level with their kinds, steps
-and scalar fields (long lists summarised, never printed), and for worker
-processes the snapshot, the next worker and one tree per worker.
+epoch, plans, dispatch record and position (level by level, see
+:class:`datapipes.inspect.tree.Writer`); then the recipe check and the job's
+part (:func:`datapipes.inspect.job.job_report`). A parsed state is shown from
+its model; one that does not parse is shown as found, as far as it goes
+(:func:`_as_found`, the one place that reads a state's raw fields).
 """
 
 from __future__ import annotations
@@ -11,168 +13,26 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-from datapipes.inspect.dispatch import record_summary, record_text
-from datapipes.inspect.job import plans_summary, ranks_text
-from datapipes.inspect.tree import Level, RecipeGraph, recipe_graph
+from datapipes.inspect.job import Shown, plans_summary, ranks_text, record_summary
+from datapipes.inspect.tree import RecipeGraph, Writer, recipe_graph, saved_graph, scalar
 from datapipes.pipe import DataPipe
+from datapipes.resume import JobState, Plans
 from datapipes.resume.graph import decode_state
 from datapipes.resume.parse import STATE_VERSION
-from nodes import torchdata_adapter as torchdata
-
-#: Lists of scalars longer than this are summarised ("16 positions"), never printed.
-_LIST_INLINE = 6
-
-
-def scalar(value: Any) -> str:
-    """A field's value in one short piece.
-
-    >>> scalar(list(range(16))), scalar([1, "a"]), scalar({"files": 3})
-    ('16 positions', "[1, 'a']", '{files: 3}')
-    """
-    if isinstance(value, str):  # a long one (a node state that does not parse) is cut
-        return repr(value) if len(value) <= 200 else f"{value[:120]!r}... ({len(value)} chars)"
-    if isinstance(value, list | tuple):
-        if len(value) > _LIST_INLINE or any(isinstance(v, dict | list) for v in value):
-            noun = "positions" if all(isinstance(v, int) for v in value) else "items"
-            return f"{len(value)} {noun}"
-        return "[" + ", ".join(scalar(v) for v in value) + "]"
-    if isinstance(value, dict):
-        text = "{" + ", ".join(f"{k}: {scalar(v)}" for k, v in value.items()) + "}"
-        return text if len(text) <= 100 else f"{{{len(value)} keys}}"
-    return repr(value)
-
-
-class Writer:
-    """Collects the indented lines of the text view of one Loader state."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def line(self, depth: int, text: str) -> None:
-        self.lines.append("  " * depth + text)
-
-    def position(self, depth: int, state: Any, graph: RecipeGraph) -> None:
-        """One line per level of a node state, and a block per worker process."""
-        if state is None:  # nothing read yet
-            self.line(depth, "at the start of the epoch")
-            return
-        if not isinstance(state, dict):
-            self.line(depth, scalar(state))
-            return
-        for level in graph.levels(state):
-            if level.kind == "workers":
-                self._workers(depth + level.depth, level, graph)
-            else:
-                self._level(depth + level.depth, level, graph)
-
-    def _level(self, depth: int, level: Level, graph: RecipeGraph) -> None:
-        kind, label = level.kind, level.steps
-        if label and kind and not label.startswith(kind + " "):
-            name = f"{label} ({kind})"
-        else:
-            name = label or kind or "?"
-        head = (f"{level.key}: " if level.key else "") + name
-        state = level.state
-        fields = ", ".join(f"{k}={scalar(v)}" for k, v in state.items() if k not in level.nested)
-        self.line(depth, f"{head}: {fields}{_note(level, graph)}" if fields else head)
-        saved_kind = level.saved.get("kind") if level.saved is not None else None
-        if level.saved is not None and saved_kind != kind:
-            node = graph.node(level)
-            self.line(
-                depth + 1,
-                f"! the recipe has a {type(node).__name__ if node else kind} ({kind}) here, "
-                f"but the checkpoint's state here was taken by a {saved_kind} node",
-            )
-
-    def _workers(self, depth: int, level: Level, graph: RecipeGraph) -> None:
-        """The StatefulDataLoader state: snapshot, next worker, and a tree per worker."""
-        label = level.steps
-        head = (f"{level.key}: " if level.key else "") + (
-            f"{label.lstrip('.')} over " if label else ""
-        )
-        loader = level.state.get("dataloader")
-        if not isinstance(loader, dict):
-            self.line(depth, f"{head}worker processes: the epoch has ended")
-            return
-        workers = torchdata.worker_dataset_states(loader)
-        where = torchdata.snapshot_summary(loader)
-        count, since, step = where["num_workers"], where["steps_since"], where["snapshot_step"]
-        self.line(depth, f"{head}{count} worker processes")
-        self.line(
-            depth + 1,
-            f"snapshot after item {step} of the epoch; {since} items returned since, "
-            "which a resume replays",
-        )
-        if where["last_worker"] is not None and count:
-            following = (where["last_worker"] + 1 + since) % count
-            self.line(
-                depth + 1,
-                f"next: item {step + since}, from worker {following} "
-                "(workers take turns while all of them have data)",
-            )
-        if where["finished"]:
-            self.line(depth + 1, "the DataLoader iterator has finished")
-        for worker_id, dataset in workers:
-            if not dataset:
-                self.line(depth + 1, f"worker {worker_id}: no position yet (starts at the start)")
-                continue
-            consumer = dataset.get("consumer") or []
-            at = "consumer ?"
-            if len(consumer) == 4:
-                rank, world, wid, num = consumer
-                at = f"consumer {rank * num + wid} of {world * num}"
-            skipped = dataset.get("skipped") or {}
-            skip_text = ", ".join(f"{n} by {s}" for s, n in skipped.items()) or "none"
-            self.line(
-                depth + 1,
-                f"worker {worker_id} ({at}): epoch {dataset.get('epoch')}, skipped: {skip_text}",
-            )
-            try:
-                worker_graph = graph.worker(worker_id, dataset, level)
-            except Exception:  # noqa: BLE001 - the recipe is a help; the recorded graph still works
-                worker_graph = RecipeGraph(level.entry.get("workers") if level.entry else None)
-            self.position(depth + 2, dataset.get("node"), worker_graph)
-
-
-def _note(level: Level, graph: RecipeGraph) -> str:
-    """What a level's fields mean for a resume, where that is not plain."""
-    state = level.state
-    if level.kind == "buffer shuffle":
-        try:
-            replay = int(state["seq"]) - int(state["anchor_seq"])
-        except (KeyError, TypeError, ValueError):
-            return ""
-        return f"; a resume re-reads {replay} items from the anchor"
-    if level.kind == "dispatched source":
-        claims = state.get("claims")
-        if not isinstance(claims, list):
-            return ""
-        if not claims:
-            return "; no unit claimed before this position"
-        noun = "unit" if len(claims) == 1 else "units"
-        return f"; {len(claims)} {noun} claimed, inside unit {claims[-1]!r}"
-    if level.kind == "reader":
-        if state.get("file") is None:
-            return "; this consumer's files are done"
-        url = graph.url(level, state["file"])
-        if url is not None:
-            return f"; file {state['file']} is {url}"
-    return ""
 
 
 def render(
-    found: list[tuple[str, dict[str, Any]]],
+    shown: list[Shown],
     pipe: DataPipe[Any] | None,
     checks: list[list[str]] | None,
     recipe_name: str = "recipe",
     reports: list[dict[str, Any] | None] | None = None,
 ) -> str:
-    """The report on the Loader states ``found`` (and on ``checks``, one per state, if given).
+    """The report on the Loader states ``shown`` (and on ``checks``, one per state, if given).
 
-    ``reports`` (one per state, see :func:`datapipes.inspect.job.elastic_report`,
-    with ``merged_from`` and ``merge_problem`` when several states were given)
-    add what the job's checkpoint covers, what remains of its epoch and how it
-    would be dealt to another topology.
+    ``reports`` (one per state, see :func:`datapipes.inspect.job.job_report`) add
+    what the job's checkpoint covers, what remains of its epoch and how it would
+    be dealt to another topology.
     """
     lines: list[str] = []
     # Without the recipe only the shape is checked: the positions point into data it names.
@@ -182,14 +42,18 @@ def render(
         if pipe is not None
         else "OK; positions not checked against the data: pass --recipe MODULE:NAME for that"
     )
-    for index, (path, state) in enumerate(found):
+    for index, item in enumerate(shown):
         writer = Writer()
         report = reports[index] if reports is not None else None
+        _heading(writer, item)
         try:
-            _render_state(writer, path, state, pipe, report)
+            if item.parsed is None:
+                _as_found(writer, item.state)
+            else:
+                _ranks(writer, item.parsed, pipe, report)
         except Exception as error:  # noqa: BLE001 - a malformed state is shown as it is
             writer.line(1, f"! cannot be shown level by level ({type(error).__name__}: {error})")
-            writer.line(1, f"{reprlib.repr(state)}")
+            writer.line(1, f"{reprlib.repr(item.state)}")
         if checks is not None and checks[index]:
             writer.line(1, f"{check}: FAILED")
             for problem in checks[index]:
@@ -203,25 +67,26 @@ def render(
     return "\n".join(lines)
 
 
-def _render_state(
-    writer: Writer,
-    path: str,
-    state: dict[str, Any],
-    pipe: DataPipe[Any] | None,
-    report: dict[str, Any] | None = None,
-) -> None:
-    merged_from = (report or {}).get("merged_from") or []
-    if merged_from and (report or {}).get("merge_problem"):
-        writer.line(0, f"Loader states from {len(merged_from)} places, shown together (not merged)")
-    elif merged_from:
-        writer.line(0, f"Loader state merged from {len(merged_from)} states (dp.merge_states)")
-        for source in merged_from:
+def _heading(writer: Writer, item: Shown) -> None:
+    if item.merged_from and item.problem:
+        writer.line(
+            0, f"Loader states from {len(item.merged_from)} places, shown together (not merged)"
+        )
+    elif item.merged_from:
+        writer.line(0, f"Loader state merged from {len(item.merged_from)} states (dp.merge_states)")
+        for source in item.merged_from:
             writer.line(1, f"from {source!r}" if source else "from the top level")
     else:
-        writer.line(0, f"Loader state at {path!r}" if path else "Loader state at the top level")
-    if (report or {}).get("merge_problem"):
-        writer.line(1, f"! {report['merge_problem']}")  # type: ignore[index]
-    version = state.get("version")
+        at = f"at {item.path!r}" if item.path else "at the top level"
+        writer.line(0, f"Loader state {at}")
+    if item.problem:
+        writer.line(1, f"! {item.problem}")
+
+
+def _envelope(
+    writer: Writer, version: Any, fingerprint: Any, seed: Any, steps: Any, topology: Any
+) -> None:
+    """What every rank of the job shares: version, fingerprint, seed, steps, topology."""
     writer.line(1, f"version      {version}")
     if isinstance(version, int) and version < STATE_VERSION:
         writer.line(
@@ -233,94 +98,107 @@ def _render_state(
         writer.line(
             2, f"! this datapipes reads version {STATE_VERSION}; what follows may be incomplete"
         )
-    writer.line(1, f"fingerprint  {state.get('fingerprint')}")
-    writer.line(1, f"seed         {state.get('seed')}")
+    writer.line(1, f"fingerprint  {fingerprint}")
+    writer.line(1, f"seed         {seed}")
     writer.line(1, "steps")
-    for step in state.get("steps", []):
+    for step in steps:
         writer.line(2, str(step))
-    topology = state.get("topology") or {}
     even = "on" if topology.get("even_batches") else "off"
     writer.line(
         1,
         f"topology     world size {topology.get('world_size')}, "
         f"{topology.get('num_workers')} workers, even_batches {even}",
     )
-    same_recipe = pipe is not None and pipe.fingerprint() == state.get("fingerprint")
+
+
+#: What a rank at an epoch's start with nothing else to say is, in one line.
+_AT_START = "no position (at the epoch's start)"
+
+
+def _ranks(
+    writer: Writer, state: JobState, pipe: DataPipe[Any] | None, report: dict[str, Any] | None
+) -> None:
+    """A parsed state: what its ranks share, then each rank's position, level by level."""
+    setup = state.setup
+    _envelope(writer, STATE_VERSION, state.fingerprint, setup.seed, state.steps, setup.topology())
+    same_recipe = pipe is not None and pipe.fingerprint() == state.fingerprint
+    told = ((report or {}).get("dispatch") or {}).get("ranks", {})
+    # In a state of several ranks, those at an epoch's start with nothing else to say are
+    # written as ranges (as merge_states keeps them).
+    idle = {r: e.epoch for r, e in state.ranks.items() if e.is_idle and len(state.ranks) > 1}
+    for rank, entry in state.ranks.items():
+        if rank in idle:
+            continue
+        writer.line(1, f"rank {rank}: epoch {entry.epoch}")
+        if entry.plans is not None:
+            writer.line(2, plans_text(entry.plans, entry.epoch))
+        if entry.dispatch is not None:
+            writer.line(2, record_text(told.get(str(rank)) or record_summary(entry.dispatch)))
+        if entry.node is None:
+            e = entry.epoch
+            plan = entry.plans_of(e) is not None
+            then = f"reads its plan for epoch {e}" if plan else f"runs epoch {e} from its start"
+            writer.line(2, f"no position: the next iteration {then}")
+            continue
+        saved = saved_graph(state, rank)
+        graph = RecipeGraph(saved)
+        if same_recipe:
+            try:
+                graph = recipe_graph(pipe, state, rank, saved)  # type: ignore[arg-type]
+            except Exception:  # noqa: BLE001 - the recipe is a help; the recorded graph still works
+                pass
+        writer.position(2, entry.node, graph)
+    for epoch in sorted(set(idle.values())):
+        listed = ranks_text([rank for rank, at in idle.items() if at == epoch])
+        noun = "rank" if listed.isdigit() else "ranks"
+        writer.line(1, f"{noun} {listed}: epoch {epoch}, {_AT_START}")
+
+
+def _as_found(writer: Writer, state: dict[str, Any]) -> None:
+    """A state that does not parse, shown as far as it goes: the one place that reads a
+    state's raw fields (the reason it does not parse is the state check's)."""
+    topology = state.get("topology")
+    shared = [state.get(key) for key in ("version", "fingerprint", "seed")]
+    steps = state.get("steps", [])
+    _envelope(writer, *shared, steps, topology if isinstance(topology, dict) else {})
     ranks = decode_state(state)["ranks"]
+    recorded = [e.get("graph") for e in ranks.values() if isinstance(e, dict)]
+    recorded = [graph for graph in recorded if isinstance(graph, dict)]
     for rank in sorted(ranks, key=lambda r: (len(r), r)):
         mine = ranks[rank]
         if not isinstance(mine, dict):
             writer.line(1, f"rank {rank}: {scalar(mine)}")
-            continue
-        epoch = mine.get("epoch")
-        writer.line(1, f"rank {rank}: epoch {epoch}")
-        if mine.get("plans") is not None:
-            writer.line(2, plans_text(mine, epoch))
-        if mine.get("dispatch") is not None:
-            told = ((report or {}).get("dispatch") or {}).get("ranks", {}).get(rank)
-            writer.line(2, record_text(told or record_summary(mine["dispatch"])))
-        if mine.get("node") is None:
-            plans = plans_summary(mine, epoch if isinstance(epoch, int) else -1)
-            if plans is not None and plans.get("current"):
-                writer.line(2, f"no position: the next iteration reads its plan for epoch {epoch}")
-            else:
-                writer.line(2, f"no position: the next iteration runs epoch {epoch} from its start")
-            continue
-        saved = shared_graph(ranks, rank)
-        graph = RecipeGraph(saved)
-        if same_recipe and rank.isdigit():
-            try:
-                graph = recipe_graph(pipe, state, int(rank), int(epoch or 0), saved)  # type: ignore[arg-type]
-            except Exception:  # noqa: BLE001 - the recipe is a help; the recorded graph still works
-                pass
-        writer.position(2, mine["node"], graph)
-    for group in state.get("idle") or []:  # a merged state's ranks with nothing to say
-        try:
-            spans = [range(first, last + 1) for first, last in group["ranks"]]
-            listed = ranks_text([rank for span in spans for rank in span])
-        except (KeyError, TypeError, ValueError):
-            writer.line(1, f"idle ranks: {scalar(group)}")
-            continue
-        noun = "rank" if len(listed.split(",")) == 1 and "-" not in listed else "ranks"
-        writer.line(
-            1,
-            f"{noun} {listed}: epoch {group.get('epoch')}, no position (at the epoch's start; "
-            "kept as ranges by merge_states)",
-        )
-
-
-def shared_graph(ranks: dict[str, Any], rank: str) -> dict[str, Any] | None:
-    """``rank``'s graph record from decoded ``ranks``; a merged state keeps one for all
-    ranks (they built the same shape: :func:`datapipes.merge_states`)."""
-    mine = ranks.get(rank)
-    if isinstance(mine, dict) and isinstance(mine.get("graph"), dict):
-        return mine["graph"]
-    for entry in ranks.values():
-        if isinstance(entry, dict) and isinstance(entry.get("graph"), dict):
-            return entry["graph"]
-    return None
+        elif mine.get("node") is None:
+            writer.line(1, f"rank {rank}: epoch {mine.get('epoch')}, {_AT_START}")
+        else:
+            writer.line(1, f"rank {rank}: epoch {mine.get('epoch')}")
+            graph = mine.get("graph", next(iter(recorded), None))  # a merged state keeps one
+            writer.position(2, mine["node"], RecipeGraph(graph))
+    for group in state.get("idle") or []:
+        writer.line(1, f"idle ranks: {reprlib.repr(group)}")
 
 
 def as_json(
     checkpoint: str | list[str],
-    found: list[tuple[str, dict[str, Any]]],
+    shown: list[Shown],
     checks: list[list[str]] | None,
     reports: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """The report as JSON data: each Loader state decoded, the recipe checks if made, and
     per state (``reports``) what it covers, what remains of its epoch and how it is dealt
-    (under ``"job"``; see :func:`datapipes.inspect.job.elastic_report`)."""
+    (under ``"job"``; see :func:`datapipes.inspect.job.job_report`)."""
     states = []
-    for index, (path, state) in enumerate(found):
-        entry = {"path": path, "state": decode_state(state)}
+    for index, item in enumerate(shown):
+        # The state as found (or merged), its JSON strings decoded: what --json is for.
+        entry = {"path": item.path, "state": decode_state(item.state)}
         if reports is not None and reports[index] is not None:
             entry["job"] = reports[index]
         states.append(entry)
     out: dict[str, Any] = {"checkpoint": checkpoint, "loader_states": states}
     if checks is not None:
         out["recipe_check"] = [
-            {"path": path, "ok": not problems, "problems": problems}
-            for (path, _), problems in zip(found, checks)
+            {"path": item.path, "ok": not problems, "problems": problems}
+            for item, problems in zip(shown, checks)
         ]
     return out
 
@@ -331,11 +209,11 @@ def as_json(
 _CONSUMERS_SHOWN = 16
 
 
-def plans_text(entry: dict[str, Any], epoch: Any) -> str:
-    """The line saying what plans a rank entry holds (a resume on another topology)."""
-    summary = plans_summary(entry, epoch if isinstance(epoch, int) else -1)
-    if summary is None:
-        return f"plans: {scalar(entry.get('plans'))}"
+def plans_text(plans: Plans, epoch: int) -> str:
+    """The line saying what plans a rank entry of ``epoch`` holds (a resume on another
+    topology)."""
+    summary = plans_summary(plans, epoch)
+    assert summary is not None  # there are plans
     if "problem" in summary:
         return f"! plans: {summary['problem']}"
     consumers = summary["consumers"]
@@ -352,6 +230,41 @@ def plans_text(entry: dict[str, Any], epoch: Any) -> str:
             f" ({what})" if what else ""
         )
     return f"plans of epoch {summary['epoch']} (done; no longer read): {held}"
+
+
+def record_text(summary: dict[str, Any]) -> str:
+    """The line of a rank's dispatch record (see :func:`datapipes.inspect.job.record_summary`).
+
+    >>> record_text({"epoch": 0, "unit_items": 64, "consumers": 2, "units": {"7": 16},
+    ...     "claims": [{"consumer": 1, "claimed": 2,
+    ...                 "sources": [{"label": "r", "units": [2, 3]}]}]}).split(": ")[1]
+    'consumer 1 claimed [2-3] (2 units)'
+    """
+    if "problem" in summary:
+        return f"! dynamic dispatch: {summary['problem']}"
+    head = f"dynamic dispatch, epoch {summary['epoch']}, unit size {summary['unit_items']}"
+    units = summary.get("units") or {}
+    several = len(units) > 1 or any(len(row["sources"]) > 1 for row in summary["claims"])
+    if len(units) == 1:
+        head += f", {next(iter(units.values()))} units per source"
+    elif units:
+        named = summary.get("labels") or {}
+        counts = sorted((named.get(place, place), count) for place, count in units.items())
+        head += ", units per source: " + ", ".join(f"{name} {count}" for name, count in counts)
+    if summary.get("resumed"):
+        head += " (a resumed epoch's rest)"
+    parts = []
+    for row in summary["claims"]:
+        noun = "unit" if row["claimed"] == 1 else "units"
+        if several:  # the sources it claimed units of
+            what = ", ".join(
+                f"{s['label']} [{ranks_text(s['units'])}]" for s in row["sources"] if s["units"]
+            )
+            what = what or "[]"
+        else:
+            what = f"[{ranks_text([u for s in row['sources'] for u in s['units']])}]"
+        parts.append(f"consumer {row['consumer']} claimed {what} ({row['claimed']} {noun})")
+    return head + ": " + ("; ".join(parts) or "no consumer of this rank claimed a unit")
 
 
 def _added(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,20 +11,30 @@ With a recipe (``--recipe``) the graph is built again as the consumer ran it
 compared with the recorded one, and its nodes give a reader's file URL and let
 the file positions be checked. With worker processes, a rank's main-process
 graph ends in a placeholder for the workers, and each worker's graph is built
-on demand from its saved epoch.
+on demand from its saved epoch. Under dynamic dispatch each source is wrapped
+as the Loader wrapped it, replaying the rank's dispatch record
+(:class:`datapipes.resume.claims.ReplayDispatch`), so nothing is claimed.
+
+:class:`Writer` writes a position as lines: one per level with its kind, steps
+and scalar fields (long lists summarised, never printed), and for worker
+processes the snapshot, the next worker and one tree per worker.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from datapipes.inspect.dispatch import attach_replay, rank_record
 from datapipes.pipe import DataPipe
-from datapipes.placement import rebuild_on, split_main_steps
-from datapipes.resume import parse_state
-from datapipes.resume.graph import decode_state, graph_record, upstream_states
+from datapipes.placement import rebuild_on, split_main_steps, worker_part
+from datapipes.resume import JobSetup, JobState
+from datapipes.resume.claims import ReplayDispatch, whole_epoch
+from datapipes.resume.graph import graph_record, upstream_states
 from nodes import Context, Node
+from nodes import torchdata_adapter as torchdata
+from nodes.consumer_work import ConsumerWork
+from nodes.dispatch import Dispatcher, DispatchSpec
 
 Record = dict[str, Any]
 
@@ -174,28 +184,217 @@ class _PlaceholderNode(Node[Any]):
     kind = "workers"
 
 
+def saved_graph(state: JobState, rank: int) -> Record | None:
+    """The graph record ``state`` holds for ``rank``; a merged state keeps one for all
+    ranks (they built the same shape: :func:`datapipes.merge_states`)."""
+    entries = [state.ranks[rank]] if rank in state.ranks else []
+    for entry in [*entries, *state.ranks.values()]:
+        if entry.graph is not None:
+            try:
+                return json.loads(entry.graph)
+            except (ValueError, RecursionError):
+                continue  # a damaged record (the levels nest by UPSTREAM alone without one)
+    return None
+
+
 def recipe_graph(
-    pipe: DataPipe[Any], state: dict[str, Any], rank: int, epoch: int, saved: Record | None = None
+    pipe: DataPipe[Any], state: JobState, rank: int, saved: Record | None = None
 ) -> RecipeGraph:
     """``rank``'s graph built from ``pipe`` as ``state`` ran it (with workers: its main part),
     to be compared with ``saved``, the graph record ``state`` holds for the rank."""
-    setup = parse_state(state).setup
-    where = {"rank": rank, "world_size": setup.world_size, "seed": setup.seed}
-    num_workers = setup.num_workers
+    setup, entry = state.setup, state.ranks[rank]
     # Under dynamic dispatch the Loader wrapped each source to read the units it claimed:
     # built the same way (replaying the rank's record), the levels match the saved ones.
-    record = rank_record(decode_state(state)["ranks"].get(str(rank)))
-    if not num_workers:
-        ctx = Context(epoch=epoch, **where)
-        attach_replay(ctx, record, pipe)
+    record = entry.dispatch
+    replays: list[ReplayDispatch] = []
+
+    def work(worker: int, epoch: int) -> ConsumerWork | None:
+        if record is None:
+            return None
+        consumer = setup.consumers_of(rank)[worker]
+        if epoch != record.epoch:  # a record of another epoch: the graph's shape only
+            spec = DispatchSpec(None, record.key, epoch, record.consumers, record.unit_items, {})
+            return Dispatcher(spec, consumer, recorded={})
+        if not replays:  # replayed once for all of the rank's consumers
+            whole = None if record.work is not None else whole_epoch(pipe, setup, epoch)
+            replays.append(ReplayDispatch([record], whole))
+        return replays[0].for_consumer(consumer)
+
+    if not setup.num_workers:
+        ctx = setup.context(rank, 0, entry.epoch, work=work(0, entry.epoch))
         return RecipeGraph.built(pipe, ctx, saved)
     worker_part, main_steps = split_main_steps(pipe)
 
     def worker(worker_id: int, dataset: dict[str, Any], saved: Record | None) -> RecipeGraph:
         epoch = int(dataset.get("epoch") or 0)
-        ctx = Context(worker_id=worker_id, num_workers=num_workers, epoch=epoch, **where)
-        attach_replay(ctx, record, worker_part)
+        ctx = setup.context(rank, worker_id, epoch, work=work(worker_id, epoch))
         return RecipeGraph.built(worker_part, ctx, saved)
 
     main = rebuild_on(_WorkersPlaceholder(), main_steps)
-    return RecipeGraph.built(main, Context(epoch=epoch, **where), saved, worker)
+    return RecipeGraph.built(main, setup.context(rank, 0, entry.epoch), saved, worker)
+
+
+def source_labels(pipe: DataPipe[Any], setup: JobSetup, epoch: int) -> dict[str, str]:
+    """Each source's place in the recipe, labelled with the recipe's steps that build it."""
+    part = worker_part(pipe, setup.num_workers)
+    pipes: dict[int, DataPipe[Any]] = {}
+    nodes: dict[int, Any] = {}
+    labels: dict[str, str] = {}
+    try:
+        root = part.build(setup.context(0, 0, epoch))
+    except Exception:  # noqa: BLE001 - labels are a help: the places stand in for them
+        return labels
+    try:
+        graph_record(root, part, nodes=nodes, pipes=pipes)  # the record names each node's steps
+        for key, node in nodes.items():
+            place = node.place
+            if node.elastic == "source" and place is not None and key in pipes:
+                labels.setdefault(place, repr(pipes[key]))
+    except Exception:  # noqa: BLE001
+        pass
+    finally:
+        root.close()
+    return labels
+
+
+# ----- a position as lines ------------------------------------------------------------------
+
+#: Lists of scalars longer than this are summarised ("16 positions"), never printed.
+_LIST_INLINE = 6
+
+
+def scalar(value: Any) -> str:
+    """A field's value in one short piece.
+
+    >>> scalar(list(range(16))), scalar([1, "a"]), scalar({"files": 3})
+    ('16 positions', "[1, 'a']", '{files: 3}')
+    """
+    if isinstance(value, str):  # a long one (a node state that does not parse) is cut
+        return repr(value) if len(value) <= 200 else f"{value[:120]!r}... ({len(value)} chars)"
+    if isinstance(value, list | tuple):
+        if len(value) > _LIST_INLINE or any(isinstance(v, dict | list) for v in value):
+            noun = "positions" if all(isinstance(v, int) for v in value) else "items"
+            return f"{len(value)} {noun}"
+        return "[" + ", ".join(scalar(v) for v in value) + "]"
+    if isinstance(value, dict):
+        text = "{" + ", ".join(f"{k}: {scalar(v)}" for k, v in value.items()) + "}"
+        return text if len(text) <= 100 else f"{{{len(value)} keys}}"
+    return repr(value)
+
+
+class Writer:
+    """Collects the indented lines of the text view of one Loader state."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def line(self, depth: int, text: str) -> None:
+        self.lines.append("  " * depth + text)
+
+    def position(self, depth: int, state: Any, graph: RecipeGraph) -> None:
+        """One line per level of a node state, and a block per worker process."""
+        if state is None:  # nothing read yet
+            self.line(depth, "at the start of the epoch")
+            return
+        if not isinstance(state, dict):
+            self.line(depth, scalar(state))
+            return
+        for level in graph.levels(state):
+            if level.kind == "workers":
+                self._workers(depth + level.depth, level, graph)
+            else:
+                self._level(depth + level.depth, level, graph)
+
+    def _level(self, depth: int, level: Level, graph: RecipeGraph) -> None:
+        kind, label = level.kind, level.steps
+        if label and kind and not label.startswith(kind + " "):
+            name = f"{label} ({kind})"
+        else:
+            name = label or kind or "?"
+        head = (f"{level.key}: " if level.key else "") + name
+        state = level.state
+        fields = ", ".join(f"{k}={scalar(v)}" for k, v in state.items() if k not in level.nested)
+        self.line(depth, f"{head}: {fields}{_note(level, graph)}" if fields else head)
+        saved_kind = level.saved.get("kind") if level.saved is not None else None
+        if level.saved is not None and saved_kind != kind:
+            node = graph.node(level)
+            self.line(
+                depth + 1,
+                f"! the recipe has a {type(node).__name__ if node else kind} ({kind}) here, "
+                f"but the checkpoint's state here was taken by a {saved_kind} node",
+            )
+
+    def _workers(self, depth: int, level: Level, graph: RecipeGraph) -> None:
+        """The StatefulDataLoader state: snapshot, next worker, and a tree per worker."""
+        label = level.steps
+        head = (f"{level.key}: " if level.key else "") + (
+            f"{label.lstrip('.')} over " if label else ""
+        )
+        loader = level.state.get("dataloader")
+        if not isinstance(loader, dict):
+            self.line(depth, f"{head}worker processes: the epoch has ended")
+            return
+        workers = torchdata.worker_dataset_states(loader)
+        where = torchdata.snapshot_summary(loader)
+        count, since, step = where["num_workers"], where["steps_since"], where["snapshot_step"]
+        self.line(depth, f"{head}{count} worker processes")
+        self.line(
+            depth + 1,
+            f"snapshot after item {step} of the epoch; {since} items returned since, "
+            "which a resume replays",
+        )
+        if where["last_worker"] is not None and count:
+            following = (where["last_worker"] + 1 + since) % count
+            self.line(
+                depth + 1,
+                f"next: item {step + since}, from worker {following} "
+                "(workers take turns while all of them have data)",
+            )
+        if where["finished"]:
+            self.line(depth + 1, "the DataLoader iterator has finished")
+        for worker_id, dataset in workers:
+            if not dataset:
+                self.line(depth + 1, f"worker {worker_id}: no position yet (starts at the start)")
+                continue
+            consumer = dataset.get("consumer") or []
+            at = "consumer ?"
+            if len(consumer) == 4:
+                rank, world, wid, num = consumer
+                at = f"consumer {rank * num + wid} of {world * num}"
+            skipped = dataset.get("skipped") or {}
+            skip_text = ", ".join(f"{n} by {s}" for s, n in skipped.items()) or "none"
+            self.line(
+                depth + 1,
+                f"worker {worker_id} ({at}): epoch {dataset.get('epoch')}, skipped: {skip_text}",
+            )
+            try:
+                worker_graph = graph.worker(worker_id, dataset, level)
+            except Exception:  # noqa: BLE001 - the recipe is a help; the recorded graph still works
+                worker_graph = RecipeGraph(level.entry.get("workers") if level.entry else None)
+            self.position(depth + 2, dataset.get("node"), worker_graph)
+
+
+def _note(level: Level, graph: RecipeGraph) -> str:
+    """What a level's fields mean for a resume, where that is not plain."""
+    state = level.state
+    if level.kind == "buffer shuffle":
+        try:
+            replay = int(state["seq"]) - int(state["anchor_seq"])
+        except (KeyError, TypeError, ValueError):
+            return ""
+        return f"; a resume re-reads {replay} items from the anchor"
+    if level.kind == "dispatched source":
+        claims = state.get("claims")
+        if not isinstance(claims, list):
+            return ""
+        if not claims:
+            return "; no unit claimed before this position"
+        noun = "unit" if len(claims) == 1 else "units"
+        return f"; {len(claims)} {noun} claimed, inside unit {claims[-1]!r}"
+    if level.kind == "reader":
+        if state.get("file") is None:
+            return "; this consumer's files are done"
+        url = graph.url(level, state["file"])
+        if url is not None:
+            return f"; file {state['file']} is {url}"
+    return ""

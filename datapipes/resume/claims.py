@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from datapipes.placement import worker_part
 from nodes import Context
 from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
@@ -19,7 +20,7 @@ from nodes.errors import InvalidStateError
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
-    from datapipes.resume.model import DispatchRecord
+    from datapipes.resume.model import DispatchRecord, JobSetup
 
 
 def epoch_work(pipe: DataPipe[Any], ctx: Context) -> el.Work:
@@ -47,6 +48,13 @@ def epoch_work(pipe: DataPipe[Any], ctx: Context) -> el.Work:
         return work
     finally:
         root.close()
+
+
+def whole_epoch(pipe: DataPipe[Any], setup: JobSetup, epoch: int, listings: Any = None) -> el.Work:
+    """The whole work of ``epoch`` of a job of ``setup`` running ``pipe`` (what a dispatch
+    record without its work stands for): :func:`epoch_work` of the part a consumer runs."""
+    ctx = Context(epoch=epoch, seed=setup.seed, listings=listings)
+    return epoch_work(worker_part(pipe, setup.num_workers), ctx)
 
 
 class ReplayDispatch:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from datapipes.placement import rebuild_on, worker_part
-from datapipes.resume.claims import ReplayDispatch, epoch_work
+from datapipes.resume.claims import ReplayDispatch, whole_epoch
 from datapipes.resume.graph import explain_difference, node_path
 from datapipes.resume.model import JobSetup, JobState, RankEntry, Remaining
 from datapipes.resume.parse import parse_state
@@ -291,8 +291,7 @@ def _replay_dispatch(
         return None
     whole = None
     if records[0].work is None:  # the epoch's whole work: worked out again
-        ctx = Context(epoch=epoch, seed=setup.seed, listings=listings)
-        whole = epoch_work(worker_part(pipe, setup.num_workers), ctx)
+        whole = whole_epoch(pipe, setup, epoch, listings)
     return ReplayDispatch(records, whole)
 
 

@@ -1,10 +1,4 @@
-"""The command ``python -m datapipes inspect CHECKPOINT [CHECKPOINT ...] [--recipe MODULE:NAME]
-[--world-size N] [--num-workers K] [--json]``.
-
-Several checkpoints (one ``torch.save`` file per rank, say) are read together:
-the Loader states of one job found in them are merged (:func:`datapipes.merge_states`)
-and reported as one. For each state the report says whether it covers every
-rank of its job (then it can resume on any topology) or some ranks only.
+"""The recipe a checkpoint is read with (``--recipe``): loading it, and whether it can resume.
 
 ``--recipe`` names a recipe in one of these forms:
 
@@ -16,33 +10,19 @@ rank of its job (then it can resume on any topology) or some ranks only.
 
 where ``NAME`` is a DataPipe, a Loader (its seed and workers are checked too), or
 a function (a factory, ``recipes.py:make_pipe``) that is called with no arguments
-and returns one. A name that cannot be resolved is an error naming what was
-tried and these forms (exit status 2).
+and returns one. A name that cannot be resolved is a :class:`CheckpointError`
+naming what was tried and these forms (exit status 2).
 
-With ``--recipe`` the recipe it names is loaded and checked against each Loader
-state: the same fingerprint (else the steps that differ), a Loader per saved
-rank that accepts the state, and file readers that accept their saved positions. For a
-state that covers its job, the report then says how much of the interrupted
-epoch remains, per source, and with ``--world-size``/``--num-workers`` how it
-would be dealt to the consumers of that topology.
-
-A state taken under ``dp.Loader(..., dispatch="dynamic")`` shows, per rank, its
-dispatch record (the epoch, the unit size, the units each consumer claimed), and
-its graphs are built as that Loader built them (each source reading the units
-it claimed); with ``--recipe`` the job's part also says how many units each
-source had and how many no consumer reached (a resume hands those out whole).
-
-Exit status: 0 ok; 1 a recipe that cannot resume, no Loader state, states of one
-job that do not merge, or a deal asked for (``--world-size``/``--num-workers``)
-that cannot be told; 2 a usage error.
+:func:`check_recipe` tells what stops a recipe from resuming a state: another
+fingerprint (the steps that differ), a rank whose Loader refuses the state, a
+file reader whose saved position is in another file than this recipe reads.
+Without a recipe, :func:`check` checks the state's shape only.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
-import json
 import os
 import sys
 from collections.abc import Iterator
@@ -51,126 +31,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from datapipes.inspect.dispatch import record_problems
-from datapipes.inspect.job import elastic_report, gather
-from datapipes.inspect.load import CheckpointError, load_checkpoint
-from datapipes.inspect.render import as_json, render, shared_graph
-from datapipes.inspect.tree import RecipeGraph, recipe_graph
-from datapipes.loader import Loader, StateMismatchError
+from datapipes.checkpoint_files import CheckpointError
+from datapipes.inspect.job import Shown
+from datapipes.inspect.tree import RecipeGraph, recipe_graph, saved_graph
+from datapipes.loader import Loader
 from datapipes.pipe import DataPipe
-from datapipes.resume import job_state, parse_state
-from datapipes.resume.graph import decode_state, explain_difference, top_level
+from datapipes.resume import JobState
+from datapipes.resume.graph import explain_difference
 from nodes import FileListNode, FileReaderNode, Node
 from nodes import torchdata_adapter as torchdata
 from nodes.dispatch import DispatchedSourceNode
-
-
-def _count(minimum: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m datapipes inspect",
-        description=(
-            "Show the datapipes Loader state(s) in checkpoints (torch.save files, JSON files or "
-            "torch.distributed.checkpoint directories; several files of one job, e.g. one per "
-            "rank, are merged), optionally check a recipe against them, and tell how much of "
-            "the epoch remains and how it would be dealt to another topology. Exit status: 0 "
-            "ok, 1 mismatch, no Loader state, states that do not merge or a deal that cannot "
-            "be told, 2 usage error."
-        ),
-    )
-    parser.add_argument(
-        "checkpoint", nargs="+", help="checkpoint files or DCP directories (e.g. one per rank)"
-    )
-    parser.add_argument(
-        "--recipe",
-        metavar="MODULE:NAME",
-        help=(
-            "the recipe to check: MODULE:NAME (a module importable from here or from the "
-            "current directory, e.g. myproject.recipes:pipe) or path/to/file.py:NAME; NAME "
-            "is a DataPipe, a Loader, or a function called with no arguments that returns "
-            "one (e.g. recipes.py:make_pipe)"
-        ),
-    )
-    parser.add_argument(
-        "--world-size",
-        type=_count(1),
-        metavar="N",
-        help="show how the remaining work would be dealt to N ranks (needs --recipe)",
-    )
-    parser.add_argument(
-        "--num-workers",
-        type=_count(0),
-        metavar="K",
-        help="... with K DataLoader workers per rank (default: the saved number)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the decoded state as JSON")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m datapipes inspect CHECKPOINT [CHECKPOINT ...] [--recipe MODULE:NAME]
-    [--world-size N] [--num-workers K] [--json]``; the exit code."""
-    args = _parser().parse_args(argv)
-    try:
-        loaded = [(name, load_checkpoint(name)) for name in args.checkpoint]
-        pipe, loader = load_recipe(args.recipe) if args.recipe else (None, None)
-    except CheckpointError as error:
-        print(f"datapipes inspect: {error}", file=sys.stderr)
-        return error.exit_code
-    shown = gather(loaded)
-    if not shown:
-        where = ", ".join(f"{name!r} ({top_level(checkpoint)})" for name, checkpoint in loaded)
-        print(
-            f"datapipes inspect: no datapipes Loader state in {where} (looked for a dict with "
-            "'version', 'fingerprint' and 'ranks')",
-            file=sys.stderr,
-        )
-        return 1
-    found = [(item.path, item.state) for item in shown]
-    if pipe is not None:
-        own = {} if loader is None else {"seed": loader.seed, "num_workers": loader.num_workers}
-        checks = [check_recipe(state, pipe, **own) for _, state in found]
-    else:  # the shape only: positions need the recipe (the data they point into)
-        checks = [check_state(state) for _, state in found]
-    reports: list[dict[str, Any] | None] = []
-    for item in shown:
-        report = elastic_report(item.state, pipe, args.world_size, args.num_workers)
-        report.update(merged_from=item.merged_from, merge_problem=item.problem or None)
-        reports.append(report)
-    if args.json:
-        names = args.checkpoint[0] if len(args.checkpoint) == 1 else list(args.checkpoint)
-        out = as_json(names, found, checks, reports)
-        print(json.dumps(out, indent=2, default=str))
-    else:
-        print(render(found, pipe, checks, args.recipe or "", reports))
-    asked = args.world_size is not None or args.num_workers is not None
-    failed = any(checks) or any(item.problem for item in shown)
-    failed = failed or (asked and any(r is not None and r.get("problem") for r in reports))
-    return 1 if failed else 0
-
-
-def check_state(state: dict[str, Any]) -> list[str]:
-    """What is wrong with the shape of ``state`` (a Loader state), without a recipe: its
-    version, fields and their types, each rank's epoch and node JSON. Empty when nothing is;
-    the node positions are checked only against a recipe (:func:`check_recipe`)."""
-    try:
-        parsed = parse_state(state)
-    except StateMismatchError as error:
-        return [str(error)]
-    return record_problems(job_state(parsed, idle_as_ranges=False)["ranks"])
-
 
 # ----- --recipe: loading it -------------------------------------------------------------
 
@@ -306,32 +176,52 @@ def check_recipe(
 ) -> list[str]:
     """What stops ``pipe`` from resuming ``state`` (a Loader state); empty when nothing does.
 
-    The fingerprints must be equal (else the message shows the steps that
-    differ); then for every saved rank a ``Loader(pipe, seed, rank=r,
+    The state must parse, and its dispatch records hand each unit out once
+    (:func:`check`); the fingerprints must be equal (else the message shows the
+    steps that differ); then for every saved rank a ``Loader(pipe, seed, rank=r,
     world_size=W, num_workers=N, even_batches=...)`` must accept the state.
     ``seed`` and ``num_workers`` default to the saved ones; pass a Loader's own
     to check that Loader's configuration.
     """
-    problems = check_state(state)  # shapes first: what follows reads them
-    if problems:
+    return check(Shown.found("", state), pipe, seed=seed, num_workers=num_workers)
+
+
+def check(
+    item: Shown,
+    pipe: DataPipe[Any] | None,
+    *,
+    seed: int | None = None,
+    num_workers: int | None = None,
+) -> list[str]:
+    """What is wrong with a state found (:func:`check_recipe`); without ``pipe`` the shape
+    only: it parses, and no unit is claimed twice (positions need the data the recipe names).
+    """
+    state = item.parsed
+    if state is None:
+        return [item.unreadable]
+    problems = record_problems(state)  # shapes first: what follows reads them
+    if problems or pipe is None:
         return problems
-    if state.get("fingerprint") != pipe.fingerprint():
+    if state.fingerprint != pipe.fingerprint():
         return [
             f"the recipe's fingerprint {pipe.fingerprint()} differs from the checkpoint's "
-            f"{state.get('fingerprint')}; the steps that differ:\n"
-            + explain_difference(list(state.get("steps", [])), pipe.steps())
+            f"{state.fingerprint}; the steps that differ:\n"
+            + explain_difference(state.steps, pipe.steps())
         ]
     own = {"seed": seed, "num_workers": num_workers}
-    own = {key: value for key, value in own.items() if value is not None}
-    for rank in sorted(state.get("ranks", {}), key=str):
+    arguments = state.setup.loader_arguments()
+    arguments.update({key: value for key, value in own.items() if value is not None})
+    # Ranks at an epoch's start with nothing else to say load as the others do (a merged
+    # state keeps them as ranges): one Loader per rank with something to say.
+    ranks = [rank for rank, entry in state.ranks.items() if not entry.is_idle]
+    for rank in ranks or [min(state.ranks)]:
         try:
-            arguments = parse_state(state).setup.loader_arguments()
-            loader = Loader(pipe, rank=int(rank), **{**arguments, **own})
+            loader = Loader(pipe, rank=rank, **arguments)
         except Exception as error:  # noqa: BLE001 - reported as what stops the resume
             problems.append(f"rank {rank}: cannot make the Loader: {error}")
             continue
         try:
-            loader.load_state_dict(state)
+            loader.load_state_dict(item.state)
             if not loader.num_workers:  # resume it for one item: what only the data can tell
                 next(iter(loader), None)
         except Exception as error:  # noqa: BLE001 - what a resume would raise
@@ -339,11 +229,36 @@ def check_recipe(
             continue
         finally:
             loader.close()
-        problems += _check_positions(pipe, state, str(rank))
+        problems += _check_positions(pipe, state, rank)
     return problems
 
 
-def _check_positions(pipe: DataPipe[Any], state: dict[str, Any], rank: str) -> list[str]:
+def record_problems(state: JobState) -> list[str]:
+    """What the dispatch records of ``state`` tell wrong without the recipe: a unit claimed
+    twice in one epoch, by one consumer or two (a resume would deliver its items twice or
+    never)."""
+    owner: dict[tuple[int, str, int], int] = {}
+    problems: list[str] = []
+    for rank, entry in state.ranks.items():
+        record = entry.dispatch
+        if record is None:
+            continue
+        for consumer, places in sorted(record.claims.items()):
+            for place, units in places.items():
+                for unit in units:
+                    key = (record.epoch, place, unit)
+                    if key not in owner:
+                        owner[key] = consumer
+                        continue
+                    problems.append(
+                        f'ranks["{rank}"].dispatch.claims[{str(consumer)!r}][{place!r}]: unit '
+                        f"{unit} of epoch {key[0]} was claimed by consumer {owner[key]} too: a "
+                        "unit is handed out once; the checkpoint is damaged"
+                    )
+    return problems
+
+
+def _check_positions(pipe: DataPipe[Any], state: JobState, rank: int) -> list[str]:
     """Whether the recipe's file readers accept the saved positions of ``rank``.
 
     ``Loader.load_state_dict`` checks the recipe, topology and seed; the files
@@ -352,15 +267,14 @@ def _check_positions(pipe: DataPipe[Any], state: dict[str, Any], rank: str) -> l
     plans this consumer's share without reading a record, so a changed listing
     or a position in another file than this recipe would read is found now.
     """
-    mine = decode_state(state)["ranks"][rank]
-    if not isinstance(mine.get("node"), dict):
+    node = state.ranks[rank].node
+    if node is None:
         return []
-    saved = shared_graph(decode_state(state)["ranks"], rank)
     try:
-        graph = recipe_graph(pipe, state, int(rank), int(mine.get("epoch") or 0), saved)
+        graph = recipe_graph(pipe, state, rank, saved_graph(state, rank))
     except Exception as error:  # noqa: BLE001 - a recipe that cannot be built cannot resume
         return [f"rank {rank}: building the recipe failed: {error}"]
-    return _check_tree(f"rank {rank}", mine["node"], graph)
+    return _check_tree(f"rank {rank}", node, graph)
 
 
 def _check_tree(where: str, node_state: Any, graph: RecipeGraph) -> list[str]:

@@ -1,11 +1,12 @@
-"""Reading a checkpoint (``torch.save`` file, JSON file or DCP folder) without unsafe unpickling.
+"""Reading checkpoint files (``torch.save``, JSON, DCP folders) without unsafe unpickling.
 
 ``torch.save`` files are read with ``torch.load(weights_only=True)``. In a
 ``torch.distributed.checkpoint`` folder the ``.metadata`` pickle is read by an
 unpickler that refuses every global but DCP's metadata classes (and the few
 they hold); then only the entries saved as bytes (what is not a tensor) are
-loaded, with ``torch.load(weights_only=True)``. Each tensor appears, in its
-place, as a ``"<tensor [shape] dtype, not loaded>"`` string.
+loaded, with ``torch.load(weights_only=True)``, and no collective runs. This is
+what ``python -m datapipes inspect`` and :func:`datapipes.load_dcp_states` read
+checkpoints with.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import torch
 from nodes import torch_adapter
 
 
-class CheckpointError(Exception):
-    """A checkpoint or recipe cannot be read; the command exits with ``exit_code`` (usage)."""
+class CheckpointError(ValueError):
+    """A checkpoint (or the recipe named with it) cannot be read; ``inspect`` exits with
+    ``exit_code`` (a usage error)."""
 
     exit_code = 2
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> Any:
+def read_checkpoint(path: str | os.PathLike[str]) -> Any:
     """The object saved at ``path``: a ``torch.save`` file, a JSON file or a DCP directory.
 
     ``torch.save`` files are read with ``torch.load(weights_only=True)`` (tensors
@@ -98,22 +100,6 @@ _ALLOWED = {
 }
 
 
-def read_dcp_entries(path: Path, metadata: Any, keys: set[str] | None = None) -> dict[str, Any]:
-    """The entries saved as bytes (not tensors) of the DCP folder ``path``, nested as saved;
-    only ``keys`` (flattened names) when given.
-
-    ``metadata`` is the folder's metadata, read with :class:`_MetadataUnpickler` (never
-    unpickled again here). Each entry is read with ``torch.load(weights_only=True)``, and
-    no collective runs, even when a process group is up.
-    """
-    return torch_adapter.load_dcp_entries(
-        path,
-        metadata,
-        include=lambda key: keys is None or key in keys,
-        load=lambda value: torch.load(value, weights_only=True),
-    )
-
-
 class _MetadataUnpickler(pickle.Unpickler):
     """Unpickles a DCP ``.metadata`` file, refusing every global that is not metadata."""
 
@@ -131,6 +117,35 @@ class _MetadataUnpickler(pickle.Unpickler):
         )
 
 
+def read_dcp_metadata(folder: Path) -> Any:
+    """The metadata of the DCP folder ``folder``, unpickling nothing but DCP's metadata
+    classes. Raises :class:`CheckpointError` naming the file when it cannot be read."""
+    try:
+        with open(folder / ".metadata", "rb") as file:
+            return _MetadataUnpickler(file).load()
+    except Exception as error:  # noqa: BLE001 - reported with the file
+        raise CheckpointError(f"cannot read {str(folder / '.metadata')!r}: {error}") from error
+
+
+def read_dcp_entries(folder: Path, metadata: Any, keys: set[str] | None = None) -> dict[str, Any]:
+    """The entries saved as bytes (not tensors) of the DCP folder ``folder``, nested as
+    saved; only ``keys`` (flattened names) when given.
+
+    ``metadata`` is the folder's (:func:`read_dcp_metadata`). Each entry is read with
+    ``torch.load(weights_only=True)``, and no collective runs, even when a process group
+    is up. Raises :class:`CheckpointError` naming the folder when it cannot be read.
+    """
+    try:
+        return torch_adapter.load_dcp_entries(
+            folder,
+            metadata,
+            include=lambda key: keys is None or key in keys,
+            load=lambda value: torch.load(value, weights_only=True),
+        )
+    except Exception as error:  # noqa: BLE001 - reported with the folder
+        raise CheckpointError(f"cannot read the DCP checkpoint {str(folder)!r}: {error}") from error
+
+
 def read_dcp(path: Path) -> dict[str, Any]:
     """The state saved in the DCP folder ``path``, tensors as placeholder strings.
 
@@ -143,15 +158,8 @@ def read_dcp(path: Path) -> dict[str, Any]:
             f"{str(path)!r} is a directory but not a torch.distributed.checkpoint "
             "(it has no .metadata file)"
         )
-    try:
-        with open(path / ".metadata", "rb") as file:
-            metadata = _MetadataUnpickler(file).load()
-    except Exception as error:  # noqa: BLE001
-        raise CheckpointError(f"cannot read {str(path / '.metadata')!r}: {error}") from error
-    try:
-        state = read_dcp_entries(path, metadata)
-    except Exception as error:  # noqa: BLE001
-        raise CheckpointError(f"cannot read the DCP checkpoint {str(path)!r}: {error}") from error
+    metadata = read_dcp_metadata(path)
+    state = read_dcp_entries(path, metadata)
     planner_data = getattr(metadata, "planner_data", None) or {}
     for key, item in metadata.state_dict_metadata.items():
         if not isinstance(item, BytesStorageMetadata):
