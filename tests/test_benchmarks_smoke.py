@@ -222,3 +222,18 @@ def test_dynamic_dispatch_benchmark_reports_balance_units_and_overhead(tmp_path:
         assert RATIO.match(row[4]) and RATIO.match(row[7]), row  # wall, CPU
         store = re.match(r"^\d+\.\d ms \((\d+)\)$", row[8])  # claims' time (units)
         assert store and int(store.group(1)) > 0, row
+
+
+def test_dispatch_scale_runs_and_keeps_the_store_bounded() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "dispatch_scale.py"), "--ranks", "4,8",
+         "--epochs", "12", "--items-per-rank", "8"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert [row.split("|")[1].strip() for row in rows] == ["4", "8"]
+    for row in rows:
+        after_1, after_10, after_12 = (int(n) for n in row.split("|")[-2].split("/"))
+        assert after_1 == after_10 == after_12  # the key count does not grow with epochs
