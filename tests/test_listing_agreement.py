@@ -25,14 +25,18 @@ def _recipe(folder: Path) -> dp.DataPipe[Any]:
     return dp.files(f"{folder}/*.jsonl").read_jsonl().map(lambda r: r["id"])
 
 
-def test_dynamic_ranks_refuse_a_file_added_between_their_starts(tmp_path: Path) -> None:
+def _dynamic_ranks_over_three_files(folder: Path) -> list[dp.Loader]:
     for index in range(3):
-        _write(tmp_path, f"part{index}.jsonl", range(100 * index, 100 * index + 50))
+        _write(folder, f"part{index}.jsonl", range(100 * index, 100 * index + 50))
     store = private_file_store()
-    ranks = [
-        dp.Loader(_recipe(tmp_path), rank=r, world_size=2, dispatch="dynamic", store=store)
+    return [
+        dp.Loader(_recipe(folder), rank=r, world_size=2, dispatch="dynamic", store=store)
         for r in range(2)
     ]
+
+
+def test_dynamic_ranks_refuse_a_file_added_between_their_starts(tmp_path: Path) -> None:
+    ranks = _dynamic_ranks_over_three_files(tmp_path)
     first = iter(ranks[0])
     next(first)  # rank 0 listed three files and started
     _write(tmp_path, "part3.jsonl", range(300, 350))
@@ -41,13 +45,7 @@ def test_dynamic_ranks_refuse_a_file_added_between_their_starts(tmp_path: Path) 
 
 
 def test_dynamic_ranks_with_one_listing_read_every_record_once(tmp_path: Path) -> None:
-    for index in range(3):
-        _write(tmp_path, f"part{index}.jsonl", range(100 * index, 100 * index + 50))
-    store = private_file_store()
-    ranks = [
-        dp.Loader(_recipe(tmp_path), rank=r, world_size=2, dispatch="dynamic", store=store)
-        for r in range(2)
-    ]
+    ranks = _dynamic_ranks_over_three_files(tmp_path)
     got = [item for loader in ranks for item in loader]
     assert sorted(got) == [i for k in range(3) for i in range(100 * k, 100 * k + 50)]
 
