@@ -236,4 +236,7 @@ def test_dispatch_scale_runs_and_keeps_the_store_bounded() -> None:
     assert [row.split("|")[1].strip() for row in rows] == ["4", "8"]
     for row in rows:
         after_1, after_10, after_12 = (int(n) for n in row.split("|")[-2].split("/"))
-        assert after_1 == after_10 == after_12  # the key count does not grow with epochs
+        # Bounded, not growing: without the removal of old epochs' keys the count after 10
+        # epochs is about 10x the first's. It varies by a few keys (a consumer that claimed
+        # nothing in an epoch has no claims key).
+        assert max(after_10, after_12) < 1.5 * after_1, (after_1, after_10, after_12)

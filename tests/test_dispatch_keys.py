@@ -59,4 +59,6 @@ def test_with_leases_the_store_key_count_stays_flat_over_epochs() -> None:
         assert not any(thread.is_alive() for thread in threads) and not errors, errors
         _every_item_once(per_rank, 90)
         counts.append(_count_keys(store))
-    assert max(counts[2:]) == min(counts[2:]), counts
+    # Bounded, not growing (without the removal: +14 keys an epoch). A consumer that claimed
+    # nothing in an epoch (the ranks are threads racing for units) has no claims key.
+    assert max(counts[2:]) - min(counts[2:]) <= 3, counts
