@@ -164,8 +164,10 @@ def test_epochs_loop_continues_from_a_checkpoint_without_an_extra_epoch():
 
 def test_epochs_loop_whose_body_never_iterates_is_an_error():
     loader = dp.Loader(dp.range(3))
+    offered = []
     with pytest.raises(RuntimeError, match="must iterate the Loader"):
-        for _ in loader.epochs(2):
-            pass
+        for epoch in loader.epochs(2):
+            offered.append(epoch)  # a body that never iterates the Loader
+    assert offered == [0]  # refused before a second epoch is offered: no endless loop
     with pytest.raises(ValueError, match="total number of epochs"):
         next(loader.epochs(-1))
