@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from datapipes.resume import JobSetup, claimed_work, parse_state, rank_state
-from datapipes.resume.write import dispatch_record
+from datapipes.resume.write import at_epoch_start, dispatch_record
 from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.dispatch import lease as lease_module
@@ -191,7 +191,7 @@ class Takeovers:
             yield item
 
     def _at_start(self, state: dict[str, Any]) -> bool:
-        return parse_state(state).ranks[self.loader.rank].node is None
+        return at_epoch_start(state, self.loader.rank)  # its own state: no need to parse it
 
     # ----- at the end: wait for the others, take over the stalled ------------------------------
     def _after(self, spec: DispatchSpec) -> Iterator[Any]:

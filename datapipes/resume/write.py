@@ -108,6 +108,17 @@ def rank_state(
     }
 
 
+def at_epoch_start(state: dict[str, Any], rank: int) -> bool:
+    """Whether ``state``, as :func:`rank_state` just wrote it, holds ``rank`` at its epoch's
+    start (no node state): read from the layout, without parsing the state again.
+
+    >>> at_epoch_start(rank_state(fingerprint="f", steps=[], setup=JobSetup(1, 0, 0),
+    ...                           rank=0, epoch=1, node=None), 0)
+    True
+    """
+    return state["ranks"][str(rank)]["node"] is None
+
+
 def _entry(entry: RankEntry) -> dict[str, Any]:
     """The raw form of a parsed entry, as :func:`rank_state` writes it."""
     dispatch = None
