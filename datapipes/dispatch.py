@@ -34,7 +34,7 @@ from nodes import Context
 from nodes import elastic as el
 from nodes.dispatch import DispatchSpec
 from nodes.dispatch.dispatcher import epoch_keys, recorded_claims
-from nodes.dispatch.lease import lease_key, state_key
+from nodes.dispatch.lease import lease_key, state_key, takeover_key
 from nodes.dispatch.store import StoreAddress, StoreClient
 from nodes.errors import StateMismatchError
 
@@ -196,7 +196,7 @@ class DynamicDispatch:
             for rank in range(ranks):
                 lease = lease_key(key, rank)
                 keys += [lease, state_key(lease, 0), state_key(lease, 1)]
-            taken = [f"{key}/takeover/{rank}" for rank in range(ranks)]
+            taken = [takeover_key(key, rank) for rank in range(ranks)]
             for rank, work in zip(range(ranks), self.client.get_all_or_none(taken)):
                 if work is not None:  # rank was taken over: its phase's keys too
                     keys += [taken[rank], *epoch_keys(f"{key}/x{rank}", places, ranks)]

@@ -35,9 +35,8 @@ from datapipes.resume import JobSetup, claimed_work, parse_state, rank_state
 from datapipes.resume.write import at_epoch_start, dispatch_record
 from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
-from nodes.dispatch import lease as lease_module
 from nodes.dispatch.dispatcher import claim_list_key, claims_in, seal
-from nodes.dispatch.lease import DONE, TAKEN, Lease, LeaseLost, LeaseWatch, lease_key
+from nodes.dispatch.lease import DONE, TAKEN, Lease, LeaseLost, LeaseWatch, lease_key, takeover_key
 from nodes.errors import InvalidStateError
 
 if TYPE_CHECKING:
@@ -210,7 +209,7 @@ class Takeovers:
                 if value and value["status"] == TAKEN and r not in read
             ]
             for r in new:
-                yield from self._phase(spec, r, leases[r][1] or {})
+                yield from self._phase(spec, watch, r)
                 read.add(r)
             if not lease.is_done(len(read)):  # it delivered all it claimed (or took over)
                 lease.finish(len(read))
@@ -220,27 +219,51 @@ class Takeovers:
             if not waiting:
                 return
             for rank, raw in stale:
-                if self._take(spec, watch, rank, raw):
-                    self._report["took_over"].append(rank)
+                self._take(spec, watch, rank, raw)
             time.sleep(POLL_SECONDS)
             self._report["wait_seconds"] += time.perf_counter() - looked
 
     def _take(self, spec: DispatchSpec, watch: LeaseWatch, rank: int, raw: bytes) -> bool:
         """Take ``rank``'s lease over (if it still holds ``raw``) and publish its work;
-        whether this rank took it."""
+        whether this rank took it.
+
+        Between winning the lease and publishing the work, this rank alone knows of that
+        work. If it dies or stops there, its lease goes stale like any other (it is made
+        active first), and the ranks waiting for the work take ``rank`` over again from
+        the position the taken lease carries (:meth:`_published_work`): the work is the
+        same whoever works it out (``rank``'s published position and its sealed claims),
+        so a taker that wakes late and publishes too writes what is there already."""
         lease = self.lease
         assert lease is not None
-        # Active while it holds work nobody else knows of (between taking the lease and
-        # publishing the work): if it stops now, its own taker finds it stalled.
         lease.publish_state(_text(self.loader.state()))
-        old = watch.take(rank, raw)
-        if old is None:  # another rank was first, or it woke up
+        was = watch.take(rank, raw)
+        if was is None:  # another rank was first, or it woke up
             return False
         work: el.Work = {}
-        if old["status"] != DONE:
-            work = self._work_of(spec, watch, rank, old)
-        self.client.set(f"{spec.key}/takeover/{rank}", json.dumps(work))
+        if was["status"] != DONE:
+            work = self._work_of(spec, watch, rank, was)
+        lease.renew()  # LeaseLost if this rank was taken over meanwhile: its taker publishes
+        self.client.set(takeover_key(spec.key, rank), json.dumps(work))
+        self._report["took_over"].append(rank)
         return True
+
+    def _published_work(self, spec: DispatchSpec, watch: LeaseWatch, taken: int) -> el.Work:
+        """The work of ``taken``'s takeover phase, once its taker published it; taken over
+        again (see :meth:`_take`) when that taker was taken over itself or stalled first."""
+        key = takeover_key(spec.key, taken)
+        while True:
+            raw = self.client.get_or_none(key)
+            if raw is not None:
+                return json.loads(raw)
+            lease_raw, value = watch.read(taken)
+            assert value is not None and value["status"] == TAKEN  # taken leases stay taken
+            taker = value.get("by")
+            taker_raw, taker_value = watch.read(taker) if isinstance(taker, int) else (b"", None)
+            gone = taker_value is None or taker_value["status"] == TAKEN
+            if gone or watch.unchanged_for_a_lease(taker, taker_raw):
+                self._take(spec, watch, taken, lease_raw)
+                continue
+            time.sleep(POLL_SECONDS)
 
     def _work_of(
         self, spec: DispatchSpec, watch: LeaseWatch, rank: int, old: dict[str, Any]
@@ -276,21 +299,10 @@ class Takeovers:
             dispatch=host.record(epoch, setup.consumers_of(rank)),
         )
 
-    def _phase(self, spec: DispatchSpec, taken: int, value: dict[str, Any]) -> Iterator[Any]:
+    def _phase(self, spec: DispatchSpec, watch: LeaseWatch, taken: int) -> Iterator[Any]:
         """Read (with the other waiting ranks) the units of ``taken``'s takeover phase."""
         loader = self.loader
-        raw = None
-        deadline = lease_module.clock() + self.lease_seconds
-        while raw is None:  # its taker publishes the work right after taking the lease
-            raw = self.client.get_or_none(f"{spec.key}/takeover/{taken}")
-            if raw is None:
-                if lease_module.clock() > deadline:
-                    raise TimeoutError(
-                        f"dynamic dispatch: rank {value.get('by')} took over rank {taken}'s "
-                        f"lease but did not publish its work within {self.lease_seconds:g} s"
-                    )
-                time.sleep(POLL_SECONDS)
-        work = json.loads(raw)
+        work = self._published_work(spec, watch, taken)
         if not work:
             return
         # A phase is read in this process, one consumer per rank (no DataLoader workers).

@@ -10,8 +10,13 @@ the FileStore ``store`` path, the JSONL ``data`` glob, ``workers``, ``lease`` se
 the ``kill_rank`` SIGKILLs itself after ``after`` items; the ``stall_worker_rank`` stops
 one of its DataLoader workers (SIGSTOP) after ``after`` items and writes its pid to
 ``out`` + ``.worker`` (its main process then waits for that worker's items, its heartbeat
-thread alive). At the end a rank writes
-``done <rank> <warnings>`` to ``out`` (the warnings it got: a fenced rank's says so).
+thread alive). With ``taker_fault`` (``{"step": "won" | "working_out" | "reading",
+"signal": "KILL" | "STOP", "items": n}``) the first rank that takes another rank over
+(the job's first, counted in the store) kills or stops itself at that step: right
+after it won the lease, after it worked out (and sealed) the work but before publishing
+it, or (any rank that reads a takeover phase: the units it claims there are taken over
+too) after ``items`` items of a takeover phase. At the end a rank
+writes ``done <rank> <warnings>`` to ``out`` (the warnings it got: a fenced rank's says so).
 The ranks start iterating together (a counter in the store) and spend ``delay`` seconds
 per item, so that their epochs overlap.
 """
@@ -61,6 +66,50 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def fault_the_taker(fault: dict[str, Any], store: Any) -> None:
+    """Make this rank kill or stop itself at ``fault["step"]`` of a takeover it wins, if no
+    rank of the job faulted before."""
+    from datapipes import takeover
+    from nodes.dispatch import lease
+
+    def fault_now() -> None:
+        if store.add("taker_faulted", 1) == 1:
+            os.kill(os.getpid(), getattr(signal, f"SIG{fault['signal']}"))
+
+    step = fault["step"]
+    if step == "won":
+        take = lease.LeaseWatch.take
+
+        def take_then_fault(self: Any, rank: int, raw: bytes) -> Any:
+            was = take(self, rank, raw)
+            if was is not None:
+                fault_now()
+            return was
+
+        lease.LeaseWatch.take = take_then_fault  # type: ignore[method-assign]
+    elif step == "working_out":
+        work_of = takeover.taken_work
+
+        def work_then_fault(*args: Any) -> Any:
+            work = work_of(*args)
+            fault_now()
+            return work
+
+        takeover.taken_work = work_then_fault  # type: ignore[assignment]
+    elif step == "reading":
+        phase = takeover.Takeovers._phase
+
+        def phase_then_fault(self: Any, *args: Any) -> Any:
+            for count, item in enumerate(phase(self, *args), 1):
+                yield item  # the loop writes it out before it asks for the next
+                if count == fault["items"]:
+                    fault_now()
+
+        takeover.Takeovers._phase = phase_then_fault  # type: ignore[method-assign]
+    else:
+        raise ValueError(f"unknown taker_fault step {step!r}")
+
+
 def main() -> None:
     argument = sys.argv[1]
     config = json.loads(argument if argument.startswith("{") else open(argument).read())
@@ -70,6 +119,8 @@ def main() -> None:
     rank = config["rank"]
     store = dist.FileStore(config["store"], -1)
     store.set_timeout(timedelta(seconds=60))
+    if "taker_fault" in config and rank != config.get("stall_rank"):
+        fault_the_taker(config["taker_fault"], store)
     pipe = dp.files(config["data"]).shuffle().read_jsonl().shuffle(buffer_size=8)
     loader = dp.Loader(
         pipe, seed=3, rank=rank, world_size=config["world_size"], num_workers=config["workers"],

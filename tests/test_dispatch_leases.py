@@ -223,17 +223,24 @@ def test_lease_arguments_are_checked(options: dict[str, Any], message: str) -> N
 
 def test_a_sealed_rank_claims_nothing_more() -> None:
     client = StoreClient(private_file_store(), 10)
-    assert [sealable_claim(client, "k", consumer, consumer // 2) for consumer in (0, 2, 1)] == [
-        0,
-        1,
-        2,
-    ]
+    claimed = [sealable_claim(client, "k", consumer, consumer // 2, 5) for consumer in (0, 2, 1)]
+    assert claimed == [0, 1, 2]
     client.compare_set("k", "0,2,1,", "0,2,1,S0,")
-    assert sealable_claim(client, "k", 1, 0) is None  # consumer 1 is rank 0's: sealed
-    assert sealable_claim(client, "k", 3, 1) == 3
+    assert sealable_claim(client, "k", 1, 0, 5) is None  # consumer 1 is rank 0's: sealed
+    assert sealable_claim(client, "k", 3, 1, 5) == 3
     entries = claimants(client.get_or_none("k"))
     assert entries == ["0", "2", "1", "S0", "3"]
     assert claims_in(entries, 1) == [2] and claims_in(entries, 3) == [3]
+
+
+def test_a_claim_past_the_last_unit_is_not_listed() -> None:
+    """A consumer that finds every unit claimed leaves no entry: a taker that seals its
+    rank later reads its claims from the list, and must find units only."""
+    client = StoreClient(private_file_store(), 10)
+    assert [sealable_claim(client, "k", consumer, 0, 2) for consumer in (0, 1, 0, 1)] == [
+        0, 1, None, None,
+    ]  # fmt: skip
+    assert claimants(client.get_or_none("k")) == ["0", "1"]
 
 
 # ----- real processes: a rank stopped (SIGSTOP) or killed (SIGKILL) mid-epoch -------------
@@ -504,3 +511,60 @@ def test_a_store_that_goes_away_while_a_rank_waits_is_a_clear_error(how: str) ->
     finally:
         host.kill()
         host.wait()
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[1].startswith("T")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("step", "how", "workers"),
+    [
+        ("won", "KILL", 0),
+        ("working_out", "KILL", 0),
+        ("reading", "KILL", 0),
+        ("reading", "KILL", 2),
+        ("won", "STOP", 0),
+        ("working_out", "STOP", 2),
+        ("reading", "STOP", 0),
+    ],
+)
+def test_real_ranks_a_taker_that_dies_or_stops_leaves_its_work_to_the_others(
+    tmp_path: Path, step: str, how: str, workers: int
+) -> None:
+    """Rank 2 stops; rank 0 or 1 takes it over and dies (or stops) at ``step``: after
+    winning its lease, after working out its work (sealed, not published), or the first
+    to read the takeover phase, after its first item there. The last rank takes both
+    over: every item once."""
+    ids = write_data(tmp_path / "data", SIZES)
+    fault = {"step": step, "signal": how, "items": 1}
+    procs, outs = start_ranks(tmp_path, 3, workers, stall_rank=2, after=20, taker_fault=fault)
+    wait_stopped(procs[2].pid)
+    deadline = time.monotonic() + 120
+    while True:  # one of ranks 0 and 1 wins the takeover and faults; the other goes on
+        codes = [proc.poll() for proc in procs[:2]]
+        faulted = [
+            r
+            for r in (0, 1)
+            if codes[r] == -signal.SIGKILL or (codes[r] is None and stopped(procs[r].pid))
+        ]
+        if faulted:
+            break
+        assert None in codes and time.monotonic() < deadline, f"no taker faulted: {codes}"
+        time.sleep(0.05)
+    taker = faulted[0]
+    survivor = 1 - taker
+    assert wait_for(procs[survivor], 120) == 0, procs[survivor].stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    for r in (2, taker) if how == "STOP" else (2,):
+        os.kill(procs[r].pid, signal.SIGCONT)
+        assert wait_for(procs[r], 60) == 0, procs[r].stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    delivered = [i for out in outs for i in read_out(out)[0]]
+    counts = Counter(delivered)
+    assert [i for i, n in counts.items() if n > 1] == []
+    assert sorted(counts) == ids
+    assert read_out(outs[survivor])[1] == f"done {survivor} -"
+    assert read_out(outs[2])[1] == "done 2 LeaseTakenWarning"
+    if how == "STOP":  # it woke up fenced: the work it had taken went to the survivor
+        assert read_out(outs[taker])[1] == f"done {taker} LeaseTakenWarning"

@@ -330,8 +330,10 @@ def node_mutations(state: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, 
             continue
         for category, new in _value_mutations(value):
             text = json.dumps(_replace(node, path, new))
-            yield category, "node" + "".join(f"[{p!r}]" for p in path), _with_node(
-                state, rank, text
+            yield (
+                category,
+                "node" + "".join(f"[{p!r}]" for p in path),
+                _with_node(state, rank, text),
             )
 
 
@@ -377,8 +379,10 @@ def envelope_mutations(state: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
     ]:
         category = "other topology" if type(bad) is type(topology[key]) else "topology type"
         yield category, f"topology.{key}", changed(topology={**topology, key: bad})
-    yield "missing key", "topology.num_workers", changed(
-        topology={k: v for k, v in topology.items() if k != "num_workers"}
+    yield (
+        "missing key",
+        "topology.num_workers",
+        changed(topology={k: v for k, v in topology.items() if k != "num_workers"}),
     )
     yield "wrong type", "ranks", changed(ranks=[])
     yield "missing item", "ranks", changed(ranks={})
@@ -394,8 +398,10 @@ def envelope_mutations(state: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
         ("in-range move", mine["epoch"] + 1),
     ]:
         yield category, "epoch", changed(ranks={rank: {**mine, "epoch": epoch}})
-    yield "missing key", "epoch", changed(
-        ranks={rank: {k: v for k, v in mine.items() if k != "epoch"}}
+    yield (
+        "missing key",
+        "epoch",
+        changed(ranks={rank: {k: v for k, v in mine.items() if k != "epoch"}}),
     )
     for category, text in [
         ("string", "not json"),
@@ -514,9 +520,7 @@ def test_the_examples_of_the_issue() -> None:
         dp.Loader(dp.range(1000)).load_state_dict({**state, "seed": "0"})
     for key in ("fingerprint", "seed", "topology", "ranks"):
         with pytest.raises(dp.InvalidStateError, match=key):
-            dp.Loader(dp.range(1000)).load_state_dict(
-                {k: v for k, v in state.items() if k != key}
-            )
+            dp.Loader(dp.range(1000)).load_state_dict({k: v for k, v in state.items() if k != key})
     with pytest.raises(dp.InvalidStateError, match="does not parse"):
         dp.Loader(dp.range(1000)).load_state_dict(_with_node(state, "0", "{"))
 

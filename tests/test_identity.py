@@ -38,9 +38,7 @@ class Renamed(SeededDraws):
 
 
 RENAMED = [
-    pytest.param(
-        lambda fn, pred: dp.range(30).map(fn).shuffle(), id="global shuffle after a map"
-    ),
+    pytest.param(lambda fn, pred: dp.range(30).map(fn).shuffle(), id="global shuffle after a map"),
     pytest.param(
         lambda fn, pred: dp.range(60).map(fn).filter(pred).shuffle(buffer_size=7),
         id="buffer shuffle after map and filter",

@@ -137,9 +137,12 @@ def test_a_loader_lists_once_for_all_its_epochs_and_after_close(tmp_path: Path):
     loader.close()
     write_records(tmp_path / "d" / "part-99.jsonl", range(1000, 1100))  # seen by new Loaders
     shares.append(ids(list(loader)))
-    assert shares[0] == shares[1] == shares[2] == expected[100:200] + expected[300:400] + [
-        *expected[500:600], *expected[700:800]
-    ]
+    assert (
+        shares[0]
+        == shares[1]
+        == shares[2]
+        == expected[100:200] + expected[300:400] + [*expected[500:600], *expected[700:800]]
+    )
     assert listings_made(log) == [os.getpid()]
     assert len(ids(list(dp.Loader(counted_files(tmp_path / "d", log).read_jsonl())))) == 900
     assert len(listings_made(log)) == 2  # a new Loader lists again

@@ -77,8 +77,9 @@ def test_memory_url_round_trip_and_replace() -> None:
     folder = "/save-checkpoint-test"
     try:
         for version in range(2):
-            dp.save_checkpoint({"version": version, "t": torch.ones(3) * version},
-                               f"memory://{folder}/ckpt.pt")
+            dp.save_checkpoint(
+                {"version": version, "t": torch.ones(3) * version}, f"memory://{folder}/ckpt.pt"
+            )
             state = dp.load_checkpoint(f"memory://{folder}/ckpt.pt")
             assert state["version"] == version and torch.equal(state["t"], torch.ones(3) * version)
         assert [Path(p).name for p in fs.ls(folder, detail=False)] == ["ckpt.pt"]
@@ -189,9 +190,7 @@ def _saved_bytes() -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize(
-    "cut", ["empty", "10 bytes", "half", "all but 10", "garbage"]
-)
+@pytest.mark.parametrize("cut", ["empty", "10 bytes", "half", "all but 10", "garbage"])
 def test_a_truncated_or_foreign_file_gives_a_clear_error(tmp_path: Path, cut: str) -> None:
     data = _saved_bytes()
     content = {
@@ -237,8 +236,12 @@ def test_a_missing_file_is_file_not_found(tmp_path: Path) -> None:
 
 
 def test_temporaries_of_dead_processes_of_this_host_are_removed(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead = int(done.stdout)
     names = {
         "dead": f".ckpt.pt.tmp-{_HOST}-{dead}-0000aaaa",
@@ -350,6 +353,8 @@ def test_training_killed_at_random_moments_resumes_exactly(tmp_path: Path) -> No
     assert state["optimizer"]["state"][0]["step"] == reference["optimizer"]["state"][0]["step"]
     assert _temporaries(workdir) == []  # the killed saves' leftovers were cleaned up
     restarts = _events(workdir).count("ready")
-    print(f"\npreemption: {kills} SIGKILLs, {in_save} inside a save, {loads} checkpoints "
-          f"loaded after a kill, {restarts} starts, {elapsed:.1f} s")
+    print(
+        f"\npreemption: {kills} SIGKILLs, {in_save} inside a save, {loads} checkpoints "
+        f"loaded after a kill, {restarts} starts, {elapsed:.1f} s"
+    )
     assert in_save >= 1  # the interesting case happened (saves take most of the loop's time)

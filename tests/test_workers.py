@@ -538,7 +538,8 @@ def test_torch_dataloader_persistent_workers_advance_the_epoch(jsonl_files, name
 
 
 @pytest.mark.parametrize(
-    ("num_workers", "world_size"), [(1, 1), (3, 1), (0, 1), (2, 2)],
+    ("num_workers", "world_size"),
+    [(1, 1), (3, 1), (0, 1), (2, 2)],
     ids=["1-worker", "3-workers", "no-workers", "2-ranks"],
 )
 def test_a_one_rank_checkpoint_resumes_on_another_topology(num_workers, world_size):

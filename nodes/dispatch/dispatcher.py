@@ -113,16 +113,21 @@ def claims_in(entries: list[str], consumer: int) -> list[int]:
     return units
 
 
-def append_unless_sealed(client: StoreClient, key: str, entry: str, rank: int) -> list[str] | None:
-    """Append ``entry`` to the sealable claim list ``key`` unless the list seals ``rank``:
-    the entries it had before, or ``None`` (sealed). One ``compare_set`` both writes and
-    checks, retried while other consumers append first."""
+def append_unless_sealed(
+    client: StoreClient, key: str, entry: str, rank: int, units: int | None = None
+) -> list[str] | None:
+    """Append ``entry`` to the sealable claim list ``key`` unless the list seals ``rank``
+    (or, with ``units``, already names that many claims): the entries it had before, or
+    ``None`` (sealed, or every unit claimed). One ``compare_set`` both writes and checks,
+    retried while other consumers append first."""
     seal = f"{SEAL}{rank}"
     current = client.get_or_none(key) or b""
     while True:
         entries = claimants(current)
         if seal in entries:
             return None
+        if units is not None and sum(1 for e in entries if not e.startswith(SEAL)) >= units:
+            return None  # a claim past the end would read, to a taker, as one more unit
         wanted = current.decode() + f"{entry},"
         now = client.compare_set(key, current.decode(), wanted)
         if now.decode() == wanted:
@@ -130,12 +135,14 @@ def append_unless_sealed(client: StoreClient, key: str, entry: str, rank: int) -
         current = now
 
 
-def sealable_claim(client: StoreClient, key: str, consumer: int, rank: int) -> int | None:
-    """Claim the next unit in a sealable claim list: append this consumer (the number of
-    units claimed before is its unit), or ``None`` when the list seals ``rank``. So a
-    consumer of a rank whose lease was taken over can never claim a unit its taker did
-    not see."""
-    before = append_unless_sealed(client, key, str(consumer), rank)
+def sealable_claim(
+    client: StoreClient, key: str, consumer: int, rank: int, units: int
+) -> int | None:
+    """Claim the next of ``units`` units in a sealable claim list: append this consumer
+    (the number of units claimed before is its unit), or ``None`` when the list seals
+    ``rank`` or every unit was claimed. So a consumer of a rank whose lease was taken over
+    can never claim a unit its taker did not see, and the list names claimed units only."""
+    before = append_unless_sealed(client, key, str(consumer), rank, units)
     return None if before is None else sum(1 for e in before if not e.startswith(SEAL))
 
 
@@ -212,10 +219,9 @@ class Dispatcher(ConsumerWork):
         started = perf_counter()
         if self.spec.sealable_per_rank:
             rank = self.consumer // self.spec.sealable_per_rank
-            listed = sealable_claim(
-                client, claim_list_key(self.spec.key, place), self.consumer, rank
-            )
-            unit = count if listed is None else listed  # sealed: this rank claims no more
+            key = claim_list_key(self.spec.key, place)
+            listed = sealable_claim(client, key, self.consumer, rank, count)
+            unit = count if listed is None else listed  # sealed, or none left
         else:
             unit = client.add(counter_key(self.spec.key, place), 1) - 1
         if unit < count:  # recorded before it is read: a checkpoint finds it

@@ -16,7 +16,9 @@ twice.
 A value is a small JSON object:
 
 - ``status``: ``"active"`` (the rank is delivering), ``"done"`` (it delivered
-  everything it claimed, ``phases`` takeovers seen), ``"taken"`` (``by`` rank);
+  everything it claimed, ``phases`` takeovers seen), ``"taken"`` (``by`` rank; ``was``:
+  the value it took, so that another rank can take it again if the taker stops before
+  it published the work);
 - ``beat``: the generation, +1 on every write, so a rank that stopped can be
   told from one that kept the same position;
 - ``state``, ``since``: the rank's full position is published under
@@ -47,6 +49,8 @@ from nodes.errors import InvalidStateError
 
 #: Statuses of a lease value.
 ACTIVE, DONE, TAKEN = "active", "done", "taken"
+#: The position of a rank that never took its lease (taken before it started its epoch).
+NEVER_STARTED: dict[str, Any] = {"status": ACTIVE, "beat": -1, "state": -1, "since": 0, "phase": -1}
 #: A full state is published at least every this many items delivered...
 STATE_EVERY_ITEMS = 64
 #: ... and at least every this many seconds (bounds the items a taker replays).
@@ -77,6 +81,11 @@ def state_key(lease: str, number: int) -> str:
 
 def lease_key(key: str, rank: int) -> str:
     return f"{key}/lease/{rank}"
+
+
+def takeover_key(key: str, rank: int) -> str:
+    """Where the work of ``rank``'s takeover phase is published (epoch key ``key``)."""
+    return f"{key}/takeover/{rank}"
 
 
 def encode(value: dict[str, Any]) -> str:
@@ -170,6 +179,10 @@ class Lease:
         self._write(**changes)
         self._published_at = clock()
 
+    def renew(self) -> None:
+        """Write the lease again as it is (a heartbeat); :class:`LeaseLost` if it was taken."""
+        self._write()
+
     def delivered(self) -> None:
         """One more item is about to be delivered after the published state."""
         self._write(since=self._value["since"] + 1)
@@ -217,7 +230,7 @@ class Lease:
         while not stop.wait(interval):
             try:
                 if self._value["status"] == ACTIVE and not self.stuck():
-                    self._write()
+                    self.renew()
             except LeaseLost:
                 return
             except Exception:  # noqa: BLE001 - the store is gone: the next item says so
@@ -257,7 +270,6 @@ class LeaseWatch:
         a rank is through when its lease is taken, or done having seen ``phases``
         takeovers. A lease is stale when it stayed the same for ``lease_seconds``."""
         waiting, stale = [], []
-        now = clock()
         for rank, (raw, value) in leases.items():
             if value is not None and (
                 value["status"] == TAKEN
@@ -265,22 +277,39 @@ class LeaseWatch:
             ):
                 continue
             waiting.append(rank)
-            seen = self._seen.get(rank)
-            if seen is None or seen[0] != raw:
-                self._seen[rank] = (raw, now)
-            elif now - seen[1] >= self.lease_seconds:
+            if self.unchanged_for_a_lease(rank, raw):
                 stale.append((rank, raw))
         return waiting, stale
 
+    def unchanged_for_a_lease(self, rank: int, raw: bytes) -> bool:
+        """Whether ``rank``'s lease has held ``raw`` for ``lease_seconds`` (by this rank's
+        clock, from the first look that saw it)."""
+        now = clock()
+        seen = self._seen.get(rank)
+        if seen is None or seen[0] != raw:
+            self._seen[rank] = (raw, now)
+            return False
+        return now - seen[1] >= self.lease_seconds
+
     def take(self, rank: int, raw: bytes) -> dict[str, Any] | None:
-        """Take ``rank``'s lease if it still holds ``raw``: its value then, else ``None``."""
+        """Take ``rank``'s lease if it still holds ``raw``: the position it held then (what
+        its taker delivers the rest of), else ``None``.
+
+        ``raw`` may itself be a taken lease whose taker stopped before it published the
+        work it took (see :meth:`datapipes.takeover.Takeovers._phase`): the lease is taken
+        again, and the position is the one the first taker took, which the taken value
+        carries (``was``)."""
         old = decode(raw, lease_key(self.key, rank))
         beat = old["beat"] + 1 if old is not None else 0
-        taken = encode({"status": TAKEN, "by": self.rank, "beat": beat})
+        was = NEVER_STARTED if old is None else old.get("was") if old["status"] == TAKEN else old
+        if not isinstance(was, dict):
+            where = lease_key(self.key, rank)
+            raise ValueError(f"dispatch lease {where} is damaged: {raw[:200]!r}")
+        taken = encode({"status": TAKEN, "by": self.rank, "beat": beat, "was": was})
         now = self.client.compare_set(lease_key(self.key, rank), raw.decode(), taken).decode()
         if now != taken:
             return None
-        return old or {"status": ACTIVE, "beat": -1, "state": -1, "since": 0, "phase": -1}
+        return was
 
     def state_text(self, rank: int, number: int) -> str | None:
         raw = self.client.get_or_none(state_key(lease_key(self.key, rank), number))
