@@ -34,7 +34,7 @@ from nodes import Context
 from nodes import elastic as el
 from nodes.dispatch import DispatchSpec
 from nodes.dispatch.dispatcher import epoch_keys, recorded_claims
-from nodes.dispatch.lease import lease_key, state_key, takeover_key
+from nodes.dispatch.lease import changes_key, lease_key, state_key, takeover_key
 from nodes.dispatch.store import StoreAddress, StoreClient
 from nodes.errors import StateMismatchError
 
@@ -193,6 +193,7 @@ class DynamicDispatch:
         for attempt in range(1, self._attempts.get(epoch, 0) + 1):
             key = f"{self.run}/{epoch}/{attempt}"
             keys += epoch_keys(key, places, consumers)
+            keys.append(changes_key(key))
             for rank in range(ranks):
                 lease = lease_key(key, rank)
                 keys += [lease, state_key(lease, 0), state_key(lease, 1)]

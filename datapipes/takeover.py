@@ -35,6 +35,7 @@ from datapipes.resume import JobSetup, claimed_work, parse_state, rank_state
 from datapipes.resume.write import at_epoch_start, dispatch_record
 from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
+from nodes.dispatch import lease as lease_module
 from nodes.dispatch.dispatcher import claim_list_key, claims_in, seal
 from nodes.dispatch.lease import DONE, TAKEN, Lease, LeaseLost, LeaseWatch, lease_key, takeover_key
 from nodes.errors import InvalidStateError
@@ -200,8 +201,20 @@ class Takeovers:
         world_size = loader.setup().world_size
         watch = LeaseWatch(self.client, spec.key, loader.rank, world_size, self.lease_seconds)
         read: set[int] = set()  # the taken ranks whose units this rank read
+        seen: tuple[int, int] | None = None
+        scanned_at = 0.0
         while True:
             looked = time.perf_counter()  # the look at the leases is part of the wait
+            # One small request per look; every lease only when it may tell something
+            # new (see nodes.dispatch.lease.changes_key).
+            changes, now = watch.changes(), lease_module.clock()
+            takeover = seen is None or changes[0] != seen[0]
+            may_be_over = changes != seen and sum(changes) >= world_size - 1
+            if not (takeover or may_be_over or now - scanned_at >= self.lease_seconds / 4):
+                time.sleep(POLL_SECONDS)
+                self._report["wait_seconds"] += time.perf_counter() - looked
+                continue
+            seen, scanned_at = changes, now
             leases = watch.scan()
             new = [
                 r

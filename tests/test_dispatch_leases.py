@@ -25,7 +25,7 @@ from test_distributed import child_env, torchrun_may_fail, write_data
 import datapipes as dp
 from datapipes.dispatch import private_file_store
 from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError
-from nodes.dispatch.dispatcher import claimants, claims_in, sealable_claim
+from nodes.dispatch.dispatcher import claimants, claims_in, seal, sealable_claim
 from nodes.dispatch.lease import lease_key, state_key
 from nodes.dispatch.store import StoreClient
 
@@ -223,24 +223,53 @@ def test_lease_arguments_are_checked(options: dict[str, Any], message: str) -> N
 
 def test_a_sealed_rank_claims_nothing_more() -> None:
     client = StoreClient(private_file_store(), 10)
-    claimed = [sealable_claim(client, "k", consumer, consumer // 2, 5) for consumer in (0, 2, 1)]
+    claimed = [sealable_claim(client, "k", consumer, consumer // 2, 5, 0) for consumer in (0, 2, 1)]
     assert claimed == [0, 1, 2]
-    client.compare_set("k", "0,2,1,", "0,2,1,S0,")
-    assert sealable_claim(client, "k", 1, 0, 5) is None  # consumer 1 is rank 0's: sealed
-    assert sealable_claim(client, "k", 3, 1, 5) == 3
+    entries = seal(client, "k", 0)
+    assert entries == ["0.0.0", "1.2.0", "0.1.0", "S0"]
+    assert sealable_claim(client, "k", 1, 0, 5, 1) is None  # consumer 1 is rank 0's: sealed
+    assert sealable_claim(client, "k", 3, 1, 5, 0) == 3  # the sealed claim took no unit
     entries = claimants(client.get_or_none("k"))
-    assert entries == ["0", "2", "1", "S0", "3"]
+    assert entries == ["0.0.0", "1.2.0", "0.1.0", "S0", "0.1.1", "1.3.0"]
     assert claims_in(entries, 1) == [2] and claims_in(entries, 3) == [3]
+    assert seal(client, "k", 0)[:-1] == entries  # sealing again changes nothing
 
 
-def test_a_claim_past_the_last_unit_is_not_listed() -> None:
-    """A consumer that finds every unit claimed leaves no entry: a taker that seals its
-    rank later reads its claims from the list, and must find units only."""
+def test_claims_past_the_last_unit_name_no_unit() -> None:
     client = StoreClient(private_file_store(), 10)
-    assert [sealable_claim(client, "k", consumer, 0, 2) for consumer in (0, 1, 0, 1)] == [
-        0, 1, None, None,
-    ]  # fmt: skip
-    assert claimants(client.get_or_none("k")) == ["0", "1"]
+    claimed = [sealable_claim(client, "k", c, 0, 2, n) for c, n in ((0, 0), (0, 1), (0, 2))]
+    assert claimed == [0, 1, None]
+    entries = claimants(client.get_or_none("k"))
+    assert claims_in(entries, 0) == [0, 1, 2]  # a taker keeps the units under the work's count
+
+
+def test_concurrent_claims_hand_out_each_unit_once() -> None:
+    """Consumers of several ranks claim at once while a taker seals one rank: every unit
+    goes to one consumer, what each consumer got is what the list says it claimed, and
+    the sealed rank claims nothing after its seal."""
+    store = private_file_store()
+    got: dict[int, list[int]] = {}
+
+    def claim_all(consumer: int) -> None:
+        client = StoreClient(store, 30)
+        mine = got.setdefault(consumer, [])
+        while (
+            unit := sealable_claim(client, "k", consumer, consumer % 3, 60, len(mine))
+        ) is not None:
+            mine.append(unit)
+
+    threads = [threading.Thread(target=claim_all, args=(c,)) for c in range(6)]
+    for thread in threads:
+        thread.start()
+    sealed = seal(StoreClient(store, 30), "k", 1)
+    for thread in threads:
+        thread.join(JOIN_SECONDS)
+    assert sorted(unit for units in got.values() for unit in units) == list(range(60))
+    entries = claimants(StoreClient(store, 30).get_or_none("k"))
+    for consumer, units in got.items():
+        assert [u for u in claims_in(entries, consumer) if u < 60] == units
+        if consumer % 3 == 1:  # rank 1's claims are the ones its taker read at the seal
+            assert units == [u for u in claims_in(sealed, consumer) if u < 60]
 
 
 # ----- real processes: a rank stopped (SIGSTOP) or killed (SIGKILL) mid-epoch -------------

@@ -226,15 +226,22 @@ def claimed_work(
         raise InvalidStateError(
             f'ranks["{rank}"].dispatch', "the rank's dispatch record of its epoch", None
         )
-    if claims is not None:
-        record = dataclasses.replace(entry.dispatch, claims=dict(claims))
-        entry = dataclasses.replace(entry, dispatch=record)
     epoch = entry.epoch
     replay = _replay_dispatch(pipe, setup, [entry], epoch, listings)
     if replay is None:
         raise InvalidStateError(
             f'ranks["{rank}"].dispatch.epoch', f"{epoch} (the rank's epoch)", entry.dispatch.epoch
         )
+    if claims is not None:  # the store's: a claim that found every unit taken names none
+        spec = replay.spec
+        counts = {place: len(spec.units(place)) for place in spec.work}
+        kept = {
+            consumer: {p: [u for u in units if u < counts.get(p, 0)] for p, units in by.items()}
+            for consumer, by in claims.items()
+        }
+        record = dataclasses.replace(entry.dispatch, claims=kept)
+        entry = dataclasses.replace(entry, dispatch=record)
+        replay = ReplayDispatch([record], spec.work if record.work is None else None)
     node = entry.node
     if since:
         node = _advanced(pipe, setup, rank, epoch, node, since, replay, listings)

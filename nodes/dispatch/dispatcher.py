@@ -95,61 +95,62 @@ SEAL = "S"
 
 
 def claimants(raw: bytes | str | None) -> list[str]:
-    """The entries of a sealable claim list: consumer ids (the i-th claimed unit i) and
-    seals ``"S<rank>"`` (which claim nothing)."""
+    """The entries of a sealable claim list, in the order the store appended them: claims
+    ``"<rank>.<consumer>.<its claims before>"`` and seals ``"S<rank>"``."""
     text = raw.decode() if isinstance(raw, bytes) else (raw or "")
     return [entry for entry in text.split(",") if entry]
 
 
-def claims_in(entries: list[str], consumer: int) -> list[int]:
-    """The units ``consumer`` claimed in a sealable claim list (seals take no unit)."""
-    units, unit = [], 0
+def unit_owners(entries: list[str]) -> list[int]:
+    """The consumer that claimed each unit, in unit order: the i-th claim that counts
+    claimed unit i. A seal claims nothing, and nor does any later entry of the rank it
+    seals (that consumer finds itself sealed and reads nothing). Units past the work's
+    last are claims that found every unit taken."""
+    sealed: set[str] = set()
+    owners = []
     for entry in entries:
         if entry.startswith(SEAL):
+            sealed.add(entry[len(SEAL) :])
             continue
-        if entry == str(consumer):
-            units.append(unit)
-        unit += 1
-    return units
+        rank, consumer, _ = entry.split(".")
+        if rank not in sealed:
+            owners.append(int(consumer))
+    return owners
 
 
-def append_unless_sealed(
-    client: StoreClient, key: str, entry: str, rank: int, units: int | None = None
-) -> list[str] | None:
-    """Append ``entry`` to the sealable claim list ``key`` unless the list seals ``rank``
-    (or, with ``units``, already names that many claims): the entries it had before, or
-    ``None`` (sealed, or every unit claimed). One ``compare_set`` both writes and checks,
-    retried while other consumers append first."""
-    seal = f"{SEAL}{rank}"
-    current = client.get_or_none(key) or b""
-    while True:
-        entries = claimants(current)
-        if seal in entries:
-            return None
-        if units is not None and sum(1 for e in entries if not e.startswith(SEAL)) >= units:
-            return None  # a claim past the end would read, to a taker, as one more unit
-        wanted = current.decode() + f"{entry},"
-        now = client.compare_set(key, current.decode(), wanted)
-        if now.decode() == wanted:
-            return entries
-        current = now
+def claims_in(entries: list[str], consumer: int) -> list[int]:
+    """The units ``consumer`` claimed in a sealable claim list (see :func:`unit_owners`)."""
+    return [unit for unit, owner in enumerate(unit_owners(entries)) if owner == consumer]
 
 
 def sealable_claim(
-    client: StoreClient, key: str, consumer: int, rank: int, units: int
+    client: StoreClient, key: str, consumer: int, rank: int, units: int, before: int
 ) -> int | None:
-    """Claim the next of ``units`` units in a sealable claim list: append this consumer
-    (the number of units claimed before is its unit), or ``None`` when the list seals
-    ``rank`` or every unit was claimed. So a consumer of a rank whose lease was taken over
-    can never claim a unit its taker did not see, and the list names claimed units only."""
-    before = append_unless_sealed(client, key, str(consumer), rank, units)
-    return None if before is None else sum(1 for e in before if not e.startswith(SEAL))
+    """Claim the next of ``units`` units in the sealable claim list ``key``: the unit, or
+    ``None`` when the list seals ``rank`` or every unit was claimed. ``before``: the
+    claims this consumer made in the list before (it makes the entry unique: a
+    ``FileStore`` drops an append equal to the whole value it holds).
+
+    The claim is appended (the store orders appends), then the list is read: the claims
+    that count before this one are its unit (:func:`unit_owners`). Two requests whatever
+    the number of consumers claiming at once, and a taker that appended a seal before
+    this claim sees the same list: a consumer of a rank whose lease was taken over never
+    reads a unit its taker did not see."""
+    mine = f"{rank}.{consumer}.{before}"
+    client.append(key, f"{mine},")
+    entries = claimants(client.get(key))
+    earlier = entries[: entries.index(mine)]
+    if f"{SEAL}{rank}" in earlier:
+        return None
+    unit = len(unit_owners(earlier))
+    return unit if unit < units else None
 
 
 def seal(client: StoreClient, key: str, rank: int) -> list[str]:
-    """Seal ``rank``'s claims on the sealable claim list ``key``; the list's entries then."""
-    append_unless_sealed(client, key, f"{SEAL}{rank}", rank)
-    return claimants(client.get_or_none(key))
+    """Seal ``rank``'s claims on the sealable claim list ``key``; the list's entries then
+    (sealing again is harmless: a later seal changes nothing)."""
+    client.append(key, f"{SEAL}{rank},")
+    return claimants(client.get(key))
 
 
 def recorded_claims(client: StoreClient, key: str, place: str, consumer: int) -> list[int]:
@@ -220,7 +221,7 @@ class Dispatcher(ConsumerWork):
         if self.spec.sealable_per_rank:
             rank = self.consumer // self.spec.sealable_per_rank
             key = claim_list_key(self.spec.key, place)
-            listed = sealable_claim(client, key, self.consumer, rank, count)
+            listed = sealable_claim(client, key, self.consumer, rank, count, claimed_before)
             unit = count if listed is None else listed  # sealed, or none left
         else:
             unit = client.add(counter_key(self.spec.key, place), 1) - 1

@@ -83,6 +83,19 @@ def lease_key(key: str, rank: int) -> str:
     return f"{key}/lease/{rank}"
 
 
+#: What a lease taken over adds to the changes counter (one done adds 1): both counts
+#: in one number, read in one request.
+TAKEN_CHANGE = 1 << 32
+
+
+def changes_key(key: str) -> str:
+    """The counter of the leases' ends in epoch key ``key``: +1 when one is done,
+    +``TAKEN_CHANGE`` when one is taken over. A waiting rank reads it (one small request)
+    and looks at every lease only when a takeover happened, when enough leases ended for
+    its epoch to be over, or every quarter of a lease (to tell a stale one)."""
+    return f"{key}/changes"
+
+
 def takeover_key(key: str, rank: int) -> str:
     """Where the work of ``rank``'s takeover phase is published (epoch key ``key``)."""
     return f"{key}/takeover/{rank}"
@@ -121,6 +134,7 @@ class Lease:
     def __init__(self, client: StoreClient, key: str, rank: int, lease_seconds: float) -> None:
         self.client, self.rank = client, rank
         self.key = lease_key(key, rank)
+        self._changes = changes_key(key)
         self.lease_seconds = lease_seconds
         self._lock = threading.Lock()
         self._value: dict[str, Any] = {"status": ACTIVE, "beat": 0, "state": -1, "since": 0}
@@ -190,6 +204,7 @@ class Lease:
     def finish(self, phases: int) -> None:
         """Everything claimed was delivered; ``phases`` takeovers were seen (and read)."""
         self._write(status=DONE, phases=phases)
+        self.client.add(self._changes, 1)
 
     def is_done(self, phases: int) -> bool:
         """Whether the lease says done, having seen ``phases`` takeovers."""
@@ -252,6 +267,12 @@ class LeaseWatch:
         raw = self.client.get_or_none(lease_key(self.key, rank)) or b""
         return raw, decode(raw, lease_key(self.key, rank))
 
+    def changes(self) -> tuple[int, int]:
+        """``(leases taken over, leases done)`` so far in the epoch (a lease that reads a
+        takeover phase is done again after it): one request, a few bytes."""
+        value = self.client.add(changes_key(self.key), 0)
+        return divmod(value, TAKEN_CHANGE)
+
     def scan(self) -> dict[int, tuple[bytes, dict[str, Any] | None]]:
         """Every other rank's lease: ``{rank: (raw value, decoded or None)}``, read in two
         round trips to the store whatever the number of ranks."""
@@ -309,6 +330,7 @@ class LeaseWatch:
         now = self.client.compare_set(lease_key(self.key, rank), raw.decode(), taken).decode()
         if now != taken:
             return None
+        self.client.add(changes_key(self.key), TAKEN_CHANGE)
         return was
 
     def state_text(self, rank: int, number: int) -> str | None:

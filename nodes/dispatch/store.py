@@ -194,6 +194,10 @@ class StoreClient:
             f"get({key!r})", lambda store: store.get(key) if store.check([key]) else None
         )
 
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, which this process knows is set (one round trip)."""
+        return self._call(f"get({key!r})", lambda store: store.get(key))
+
     def get_all_or_none(self, keys: list[str]) -> list[bytes | None]:
         """The values of ``keys`` (``None`` for a key never set): two round trips when every
         key is set (``check`` and ``multi_get``), however many keys."""
