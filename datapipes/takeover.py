@@ -15,6 +15,12 @@ one at a time as usual, in its own process (no DataLoader workers: a takeover
 is the rare path). The stalled rank, if it wakes, finds its lease gone at its
 next item: that item is dropped, its epoch ends, and it warns.
 
+A taker is a rank like the others: if it dies or stops after winning a lease
+and before publishing the work, its own lease goes stale and the waiting ranks
+take the first rank over again (:meth:`Takeovers._published_work`); if it dies
+while reading a phase, the units it claimed there are in its published
+position, and its own taker publishes them as a phase of their own.
+
 Without a checkpoint, nothing is lost or repeated: every item is delivered
 once, by the rank that held its lease when it was delivered. A checkpoint of a
 rank that is reading a takeover phase is refused (its position spans another
