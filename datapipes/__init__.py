@@ -21,6 +21,7 @@ from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from datapipes.version import package_version
+from datapipes.write import Manifest, WriteConflictError, read_manifest, write
 from nodes.collate import default_collate, no_collate
 from nodes.dispatch import DispatchStoreError
 from nodes.elastic import ElasticResumeError
@@ -44,6 +45,7 @@ __all__ = [
     "LeaseTakenWarning",
     "ListingMismatchError",
     "Loader",
+    "Manifest",
     "PipelineStats",
     "RandomMapError",
     "StateMismatchError",
@@ -53,6 +55,7 @@ __all__ = [
     "TorchDataset",
     "UnevenDataWarning",
     "WorkerDiedError",
+    "WriteConflictError",
     "concat",
     "default_collate",
     "files",
@@ -64,6 +67,8 @@ __all__ = [
     "mix",
     "no_collate",
     "range",
+    "read_manifest",
     "save_checkpoint",
+    "write",
     "zip",
 ]

@@ -1,0 +1,156 @@
+"""Where a write goes: files that appear only complete, on any fsspec filesystem.
+
+Local disk: a file is written under a temporary name beside its final one
+(``.<name>.tmp-<host>-<pid>-<n>``) and renamed over it when complete, so a
+reader sees the whole file or none. Object stores (``s3://``, ``gs://``...)
+and ``memory://``: the file is uploaded in one go and appears when the upload
+completes, as those stores do (a writer killed mid-upload leaves nothing).
+
+A unit being written is marked (``_datapipes/writing/<unit>.<host>.<pid>``)
+so that another rank can tell a unit in progress from one abandoned by a
+dead writer; temporaries of dead writers are removed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import posixpath
+import socket
+import time
+from typing import Any
+
+import fsspec
+
+#: The folder of a destination that holds the write's own records (not shards).
+META = "_datapipes"
+_counter = itertools.count()
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class Destination:
+    """A write's destination folder (any fsspec URL): atomic files, markers, listing."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = str(url).rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        #: Whether files go through a temporary name and a rename (local disk).
+        self.renames = bool({"file", "local"} & set(protocols))
+        self.host = _host()
+
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def url_of(self, name: str) -> str:
+        """The URL of ``name`` (a path inside the destination) for readers."""
+        return f"{self.url}/{name}"
+
+    # ----- files that appear complete ----------------------------------------------------------
+    def publish(self, name: str, data: bytes) -> None:
+        """Write ``data`` as ``name`` (a path inside the destination), all or nothing."""
+        final = self.path(name)
+        self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+        if not self.renames:
+            with self.fs.open(final, "wb") as out:
+                out.write(data)
+            return
+        folder, base = posixpath.split(final)
+        temporary = posixpath.join(
+            folder, f".{base}.tmp-{self.host}-{os.getpid()}-{next(_counter)}"
+        )
+        with open(temporary, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, final)  # atomic: readers see the old file or the new one
+
+    def read(self, name: str) -> bytes | None:
+        """The bytes of ``name``, or ``None`` if there is no such file."""
+        try:
+            with self.fs.open(self.path(name), "rb") as source:
+                return source.read()
+        except FileNotFoundError:
+            return None
+
+    def exists(self, name: str) -> bool:
+        return bool(self.fs.exists(self.path(name)))
+
+    def names(self, folder: str = "") -> list[str]:
+        """The names of the files directly in ``folder`` (a path inside the destination)."""
+        try:
+            entries = self.fs.ls(self.path(folder), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(posixpath.basename(str(entry).rstrip("/")) for entry in entries)
+
+    def remove(self, name: str) -> None:
+        try:
+            self.fs.rm(self.path(name))
+        except FileNotFoundError:
+            pass
+
+    # ----- units in progress -------------------------------------------------------------------
+    def mark_writing(self, unit_name: str) -> str:
+        """Mark ``unit_name`` as being written by this process; the marker's name."""
+        marker = f"{META}/writing/{unit_name}.{self.host}.{os.getpid()}"
+        self.publish(marker, str(time.time()).encode())
+        return marker
+
+    def abandoned(self, unit_name: str, stale_seconds: float) -> bool:
+        """Whether no live writer holds ``unit_name``: no marker of it, or only markers of
+        dead processes of this host, or of other hosts untouched for ``stale_seconds``."""
+        for marker in self.names(f"{META}/writing"):
+            unit, _, owner = marker.partition(".")
+            if unit != unit_name:
+                continue
+            host, _, pid = owner.rpartition(".")
+            if host == self.host and pid.isdigit():
+                if pid_alive(int(pid)):
+                    return False
+                continue
+            try:
+                modified = self.fs.modified(self.path(f"{META}/writing", marker)).timestamp()
+            except (FileNotFoundError, NotImplementedError):
+                continue
+            if time.time() - modified < stale_seconds:
+                return False
+        return True
+
+    def clean_dead(self) -> int:
+        """Remove the markers and temporaries of this host's dead writers; how many."""
+        removed = 0
+        for marker in self.names(f"{META}/writing"):
+            host, _, pid = marker.partition(".")[2].rpartition(".")
+            if host == self.host and pid.isdigit() and not pid_alive(int(pid)):
+                self.remove(f"{META}/writing/{marker}")
+                removed += 1
+        if self.renames:
+            for folder, _, files in os.walk(self.root):
+                for name in files:
+                    owner = name.rpartition(".tmp-")[2]
+                    parts = owner.rsplit("-", 2)
+                    if name.startswith(".") and ".tmp-" in name and len(parts) == 3:
+                        host, pid, _ = parts
+                        if host == self.host and pid.isdigit() and not pid_alive(int(pid)):
+                            os.remove(os.path.join(folder, name))
+                            removed += 1
+        return removed

@@ -1,0 +1,320 @@
+"""dp.write: shards named by input unit, published whole, the same bytes on any topology.
+
+Real files in ``tmp_path`` and ``memory://``; ranks as threads of this process (each
+``dp.write`` returns only when every unit is written, so a rank's call needs the others
+running); the kill tests with real processes are in test_write_kills.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import datapipes as dp
+from datapipes.write import PLAN
+from datapipes.write.destination import META
+
+
+def sample(i: int) -> dict[str, Any]:
+    return {
+        "__key__": f"s{i:05d}",
+        "id": i,
+        "text": f"record {i} " * (i % 7),
+        "jpg": bytes([i % 256]) * (i % 50),
+    }
+
+
+def jsonl_sample(i: int) -> dict[str, Any]:
+    return {"id": i, "text": f"record {i}", "squares": [i, i * i]}
+
+
+def make_inputs(folder: Path, sizes: list[int]) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    start = 0
+    for number, size in enumerate(sizes):
+        with open(folder / f"in-{number:02d}.jsonl", "w") as out:
+            for i in range(start, start + size):
+                out.write(json.dumps({"id": i, "text": f"line {i}"}) + "\n")
+        start += size
+    return str(folder / "*.jsonl")
+
+
+def upper(record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "text": record["text"].upper()}
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` by relative path (what a byte-for-byte comparison sees)."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def in_threads(world: int, call: Any) -> list[Any]:
+    results: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = call(rank)
+        except BaseException as error:  # noqa: BLE001 - raised in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(t.is_alive() for t in threads), "a rank's write hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+# ----- formats read back ------------------------------------------------------------------------
+
+
+def test_jsonl_round_trip_in_input_order(tmp_path: Path) -> None:
+    pattern = make_inputs(tmp_path / "in", [30, 5, 17])
+    pipe = dp.files(pattern).read_jsonl().map(upper)
+    manifest = dp.write(pipe, str(tmp_path / "out"), records_per_shard=8, min_units=3)
+    back = list(dp.Loader(manifest.files().read_jsonl()))
+    assert back == list(dp.Loader(pipe))  # every record once, in the unit order
+    assert manifest.records == 52 and all(s.records <= 8 for s in manifest.shards)
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(
+        [s.name for s in manifest.shards] + ["manifest.json", META]
+    )
+    on_disk = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert on_disk["fingerprint"] == pipe.fingerprint() and on_disk["records"] == 52
+
+
+def test_tar_is_a_webdataset_with_fixed_headers(tmp_path: Path) -> None:
+    import webdataset as wds
+
+    manifest = dp.write(
+        dp.range(40).map(sample), str(tmp_path / "out"), format="tar", records_per_shard=16
+    )
+    read = list(wds.WebDataset(manifest.urls(), shardshuffle=False))
+    assert [r["__key__"] for r in read] == [f"s{i:05d}" for i in range(40)]
+    assert read[9]["jpg"] == bytes([9]) * 9 and json.loads(read[9]["id"]) == 9
+    assert read[9]["text"].decode() == sample(9)["text"]
+    with tarfile.open(tmp_path / "out" / manifest.shards[0].name) as tar:
+        members = tar.getmembers()
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in members} == {(0, 0, 0, "", 0o444)}
+    ours = list(dp.Loader(manifest.files().read_tar()))
+    assert [r["__key__"] for r in ours] == [f"s{i:05d}" for i in range(40)]
+
+
+def test_parquet_reads_back_in_pyarrow_and_hf_datasets(tmp_path: Path) -> None:
+    import datasets
+    import pyarrow.parquet as pq
+
+    manifest = dp.write(
+        dp.range(30).map(jsonl_sample), str(tmp_path / "out"), format="parquet",
+        records_per_shard=12,
+    )  # fmt: skip
+    rows = [row for url in manifest.urls() for row in pq.read_table(url).to_pylist()]
+    assert rows == [jsonl_sample(i) for i in range(30)]
+    hf = datasets.load_dataset("parquet", data_files=manifest.urls(), split="train")
+    assert hf["id"] == list(range(30))
+
+
+def test_a_default_key_names_the_unit_and_the_index(tmp_path: Path) -> None:
+    manifest = dp.write(
+        dp.range(6).map(lambda i: {"txt": str(i)}), str(tmp_path / "o"), format="tar", min_units=2
+    )
+    keys = [r["__key__"] for r in dp.Loader(manifest.files().read_tar())]
+    assert keys == ["000000-00000000", "000000-00000001", "000000-00000002",
+                    "000001-00000000", "000001-00000001", "000001-00000002"]  # fmt: skip
+
+
+def test_bytes_per_shard_cuts_shards(tmp_path: Path) -> None:
+    manifest = dp.write(
+        dp.range(100).map(jsonl_sample), str(tmp_path / "o"), records_per_shard=None,
+        bytes_per_shard=300, min_units=1,
+    )  # fmt: skip
+    assert len(manifest.shards) > 5
+    assert all(shard.bytes < 300 + 80 for shard in manifest.shards)
+    assert manifest.records == 100
+
+
+# ----- the same bytes on any topology, again and again ------------------------------------------
+
+
+def test_the_output_is_the_same_bytes_on_any_topology(tmp_path: Path) -> None:
+    pattern = make_inputs(tmp_path / "in", [23, 61, 17, 35, 48])
+    pipe = dp.files(pattern).read_jsonl().map(upper)
+    options = {"format": "tar", "records_per_shard": 10}
+    alone = tree(Path(dp.write(pipe.map(keyed), str(tmp_path / "one"), **options).url))
+    three = in_threads(
+        3,
+        lambda r: dp.write(
+            pipe.map(keyed), str(tmp_path / "three"), rank=r, world_size=3, **options
+        ),
+    )
+    assert [m.records for m in three] == [184] * 3
+    assert tree(tmp_path / "three") == alone
+    dp.write(pipe.map(keyed), str(tmp_path / "workers"), num_workers=2, **options)
+    assert tree(tmp_path / "workers") == alone
+
+
+def keyed(record: dict[str, Any]) -> dict[str, Any]:
+    return {"__key__": f"k{record['id']:05d}", "json": record}
+
+
+def test_writing_again_writes_nothing(tmp_path: Path) -> None:
+    pipe = dp.range(50).map(jsonl_sample)
+    first = dp.write(pipe, str(tmp_path / "o"), records_per_shard=7)
+    before = tree(tmp_path / "o")
+    again = dp.write(pipe, str(tmp_path / "o"), records_per_shard=7)
+    assert again.stats["units_written"] == 0 and again.stats["units_found_done"] == 8
+    assert again.shards == first.shards and tree(tmp_path / "o") == before
+
+
+#: Records left before ``countdown_sample`` raises (``None``: it never does).
+COUNTDOWN: dict[str, int | None] = {"left": None}
+
+
+def countdown_sample(i: int) -> dict[str, Any]:
+    if COUNTDOWN["left"] is not None:
+        COUNTDOWN["left"] -= 1
+        if COUNTDOWN["left"] == 0:
+            raise RuntimeError("killed")
+    return jsonl_sample(i)
+
+
+def test_a_write_stopped_midway_finishes_with_the_same_bytes(tmp_path: Path) -> None:
+    pipe = dp.range(80).map(countdown_sample)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean"), records_per_shard=6).url))
+    COUNTDOWN["left"] = 25
+    try:
+        with pytest.raises(RuntimeError, match="killed"):
+            dp.write(pipe, str(tmp_path / "o"), records_per_shard=6)
+    finally:
+        COUNTDOWN["left"] = None
+    assert not (tmp_path / "o" / "manifest.json").exists()
+    assert not list((tmp_path / "o" / META / "writing").iterdir())  # its marker went with it
+    done = dp.write(pipe, str(tmp_path / "o"), records_per_shard=6)
+    assert 0 < done.stats["units_found_done"] < 8
+    assert tree(tmp_path / "o") == clean
+
+
+def test_memory_filesystem(tmp_path: Path) -> None:
+    manifest = dp.write(
+        dp.range(20).map(jsonl_sample), "memory://write-test/m", records_per_shard=5
+    )
+    assert manifest.urls()[0].startswith("memory://write-test/m/shard-")
+    assert [r["id"] for r in dp.Loader(manifest.files().read_jsonl())] == list(range(20))
+    assert dp.read_manifest("memory://write-test/m") == manifest
+
+
+# ----- whose output, and damage ------------------------------------------------------------------
+
+
+def test_another_recipes_output_is_refused_unless_overwrite(tmp_path: Path) -> None:
+    dp.write(dp.range(20).map(jsonl_sample), str(tmp_path / "o"))
+    other = dp.range(20).map(upper_sample)
+    with pytest.raises(dp.WriteConflictError, match="another recipe"):
+        dp.write(other, str(tmp_path / "o"))
+    with pytest.raises(dp.WriteConflictError, match="other options"):
+        dp.write(dp.range(20).map(jsonl_sample), str(tmp_path / "o"), records_per_shard=3)
+    manifest = dp.write(other, str(tmp_path / "o"), overwrite=True)
+    assert [r["text"] for r in dp.Loader(manifest.files().read_jsonl())][:1] == ["RECORD 0"]
+    names = {p.name for p in (tmp_path / "o").iterdir()}
+    assert names == {s.name for s in manifest.shards} | {"manifest.json", META}
+
+
+def upper_sample(i: int) -> dict[str, Any]:
+    return {**jsonl_sample(i), "text": jsonl_sample(i)["text"].upper()}
+
+
+def test_changed_input_is_refused(tmp_path: Path) -> None:
+    pattern = make_inputs(tmp_path / "in", [5, 5])
+    pipe = dp.files(pattern).read_jsonl()
+    dp.write(pipe, str(tmp_path / "o"))
+    make_inputs(tmp_path / "in", [5, 5, 5])
+    with pytest.raises(dp.WriteConflictError, match="other input"):
+        dp.write(dp.files(pattern).read_jsonl(), str(tmp_path / "o"))
+
+
+def test_damaged_records_are_written_again_and_a_damaged_manifest_is_an_error(
+    tmp_path: Path,
+) -> None:
+    pipe = dp.range(30).map(jsonl_sample)
+    dp.write(pipe, str(tmp_path / "o"), records_per_shard=4)
+    clean = tree(tmp_path / "o")
+    (tmp_path / "o" / "manifest.json").unlink()
+    unit = tmp_path / "o" / META / "units" / "000003.json"
+    unit.write_text(unit.read_text()[:40])  # cut
+    shard = tmp_path / "o" / "shard-000003-0000.jsonl"
+    shard.write_bytes(b"garbage")
+    again = dp.write(pipe, str(tmp_path / "o"), records_per_shard=4)
+    assert again.stats["units_written"] == 1
+    assert tree(tmp_path / "o") == clean
+    (tmp_path / "o" / "manifest.json").write_text('{"version": 1, "shards": [{"name": 3}]}')
+    with pytest.raises(ValueError, match="not a datapipes manifest"):
+        dp.read_manifest(str(tmp_path / "o"))
+    (tmp_path / "o" / PLAN).write_text("{")
+    with pytest.raises(dp.WriteConflictError, match="damaged"):
+        dp.write(pipe, str(tmp_path / "o"), records_per_shard=4)
+
+
+def test_a_unit_abandoned_by_a_dead_writer_is_written_by_another(tmp_path: Path) -> None:
+    pipe = dp.range(20).map(jsonl_sample)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean")).url))
+    out = tmp_path / "o"
+    (out / META / "writing").mkdir(parents=True)
+    from datapipes.write.destination import _host
+
+    dead = 2**22 + 12345  # no such pid
+    (out / META / "writing" / f"000002.{_host()}.{dead}").write_text("0")
+    (out / f".shard-000002-0000.jsonl.tmp-{_host()}-{dead}-0").write_text("half")
+    dp.write(pipe, str(out))
+    assert tree(out) == clean  # marker and temporary of the dead writer gone
+
+
+@pytest.mark.parametrize(
+    ("fmt", "record", "message"),
+    [
+        ("jsonl", {"x": object()}, "cannot be written as JSON"),
+        ("tar", 5, "holds dicts"),
+        ("tar", {"__key__": "a.b", "x": b""}, "cannot hold a dot"),
+        ("tar", {"x": object()}, "cannot be a tar member"),
+    ],
+)
+def test_records_a_format_cannot_hold_are_clear_errors(
+    tmp_path: Path, fmt: str, record: Any, message: str
+) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        dp.write(dp.from_sequence([record]), str(tmp_path / "o"), format=fmt)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"format": "csv"}, "format must be"),
+        ({"records_per_shard": 0}, "records_per_shard"),
+        ({"min_units": True}, "min_units"),
+        ({"stale_seconds": -1}, "stale_seconds"),
+    ],
+)
+def test_arguments_are_checked(tmp_path: Path, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        dp.write(dp.range(3), str(tmp_path / "o"), **options)
+
+
+def test_tar_bytes_do_not_depend_on_the_clock(tmp_path: Path) -> None:
+    from datapipes.write.formats import TarFormat
+
+    data = TarFormat().encode([sample(3)], ["k"])
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert [m.name for m in tar.getmembers()] == ["s00003.id", "s00003.jpg", "s00003.text"]
