@@ -318,3 +318,34 @@ def test_tar_bytes_do_not_depend_on_the_clock(tmp_path: Path) -> None:
     data = TarFormat().encode([sample(3)], ["k"])
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         assert [m.name for m in tar.getmembers()] == ["s00003.id", "s00003.jpg", "s00003.text"]
+
+
+def test_a_write_that_another_write_took_over_stops_with_a_conflict(tmp_path: Path) -> None:
+    """Two writes racing for one destination (here: another recipe started while this
+    one's units were pending) would mix their units: the later check refuses."""
+    from datapipes.write import _check_same_plan
+    from datapipes.write.plan import WriteOptions, make_plan
+
+    pipe = dp.range(10).map(jsonl_sample)
+    dp.write(pipe, str(tmp_path / "o"))
+    plan = make_plan(
+        dp.range(10).map(upper_sample), WriteOptions("jsonl", 10_000, None, 8, 10_000, 0, "shard")
+    )
+    from datapipes.write.destination import Destination
+
+    with pytest.raises(dp.WriteConflictError, match="started meanwhile.*another recipe"):
+        _check_same_plan(Destination(str(tmp_path / "o")), plan)
+
+
+def test_a_stopped_writers_unit_is_written_by_another_after_stale_seconds(tmp_path: Path) -> None:
+    """A marker of a live process untouched for stale_seconds (a stopped writer) no longer
+    holds its unit."""
+    from datapipes.write.destination import Destination, _host
+
+    dest = Destination(str(tmp_path / "o"))
+    marker = dest.mark_writing("000001")
+    assert dest.held_units(60.0) == {"000001"}
+    old = os.path.getmtime(tmp_path / "o" / marker) - 120
+    os.utime(tmp_path / "o" / marker, (old, old))
+    assert dest.held_units(60.0) == set()
+    assert marker.endswith(f".{_host()}.{os.getpid()}")

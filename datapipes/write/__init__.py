@@ -32,7 +32,7 @@ from datapipes.write.manifest import (
     read_manifest,
 )
 from datapipes.write.plan import WriteOptions, WritePlan, make_plan
-from datapipes.write.unit import UnitWriter, encode_json, read_unit_record, unit_record_name
+from datapipes.write.unit import UnitWriter, encode_json, read_unit_record
 
 __all__ = ["Manifest", "ShardEntry", "WriteConflictError", "read_manifest", "write"]
 
@@ -119,6 +119,7 @@ def write(
         finally:
             loader.close()
         written += _help(destination, plan, writer, loader.rank, loader.world_size, stale_seconds)
+    _check_same_plan(destination, plan)
     manifest = _manifest(destination, plan)
     destination.publish(MANIFEST, encode_json(manifest.to_json()))
     return _with_stats(manifest, written=written, found=found, started=started)
@@ -228,22 +229,38 @@ def _help(
     Each rank starts at another place in the list, so that helpers seldom meet."""
     written = 0
     while True:
+        _check_same_plan(dest, plan)
         done = set(dest.names(f"{META}/units"))
-        missing = [u for u in plan.units if unit_record_name(u).rsplit("/", 1)[1] not in done]
+        missing = [u for u in plan.units if f"{u.name}.json" not in done]
         missing = [u for u in missing if read_unit_record(dest, plan, u) is None]
         if not missing:
             return written
+        held = dest.held_units(stale_seconds)
         start = rank * len(missing) // world_size
-        waited = True
+        wrote = False
         for unit in missing[start:] + missing[:start]:
-            if read_unit_record(dest, plan, unit) is not None:
+            if unit.name in held or read_unit_record(dest, plan, unit) is not None:
                 continue
-            if dest.abandoned(unit.name, stale_seconds):
-                writer.write(unit)
-                written += 1
-                waited = False
-        if waited:
+            writer.write(unit)
+            written += 1
+            wrote = True
+        if not wrote:
             time.sleep(HELP_POLL_SECONDS)
+
+
+def _check_same_plan(dest: Destination, plan: WritePlan) -> None:
+    """Refuse to go on when another write (another recipe, other input or options) took
+    the destination over since this one started: their units would mix."""
+    raw = dest.read(PLAN)
+    if raw != encode_json(_plan_record(plan)):
+        try:
+            theirs = json.loads(raw) if raw is not None else None
+        except ValueError:
+            theirs = None
+        raise WriteConflictError(
+            "another dp.write to the same destination started meanwhile: "
+            + _conflict(dest, theirs, _plan_record(plan))
+        )
 
 
 def _manifest(dest: Destination, plan: WritePlan) -> Manifest:

@@ -115,25 +115,24 @@ class Destination:
         self.publish(marker, str(time.time()).encode())
         return marker
 
-    def abandoned(self, unit_name: str, stale_seconds: float) -> bool:
-        """Whether no live writer holds ``unit_name``: no marker of it, or only markers of
-        dead processes of this host, or of other hosts untouched for ``stale_seconds``."""
+    def held_units(self, stale_seconds: float) -> set[str]:
+        """The units a live writer holds: a marker of a live process of this host, or of
+        another host touched within ``stale_seconds`` (a writer touches its marker every
+        quarter of it). One listing for all units."""
+        held = set()
         for marker in self.names(f"{META}/writing"):
             unit, _, owner = marker.partition(".")
-            if unit != unit_name:
-                continue
             host, _, pid = owner.rpartition(".")
             if host == self.host and pid.isdigit():
-                if pid_alive(int(pid)):
-                    return False
-                continue
+                if not pid_alive(int(pid)):
+                    continue
             try:
                 modified = self.fs.modified(self.path(f"{META}/writing", marker)).timestamp()
             except (FileNotFoundError, NotImplementedError):
                 continue
             if time.time() - modified < stale_seconds:
-                return False
-        return True
+                held.add(unit)
+        return held
 
     def clean_dead(self) -> int:
         """Remove the markers and temporaries of this host's dead writers; how many."""
