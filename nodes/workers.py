@@ -189,9 +189,18 @@ class WorkerStreamNode(Node):
             self._loader.load_state_dict(state["dataloader"])
         try:
             self._it = iter(()) if self._ended else iter(self._loader)
-        except RuntimeError as error:  # a persistent worker died just as the epoch began
-            dead = self._dead_workers()
+        except BaseException as error:
+            # Raised as the DataLoader started: a worker resumed at ``state`` refused it (a
+            # position its data does not have), or a persistent worker died just as the
+            # epoch began. The node keeps the position it was given: its close() and
+            # state_dict() start no workers (torch would fast-forward new ones to raise
+            # the same again).
+            self._loader = None
+            if state is not None:
+                self._closed_state = dict(state)
+            dead = self._dead_workers() if isinstance(error, RuntimeError) else ""
             self._stop_workers()
+            torchdata.shutdown_failed_start(error)
             if not dead:
                 raise
             raise WorkerDiedError(
