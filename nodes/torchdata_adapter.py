@@ -169,6 +169,20 @@ def shutdown_workers(iterator: Any) -> None:
             process.join(10)
 
 
+def shutdown_failed_start(error: BaseException) -> None:
+    """Stop the workers of a DataLoader iterator whose start raised ``error`` (torchdata
+    fast-forwards a resumed one in its ``__init__``: a worker that refuses its state raises
+    there). Nothing but the traceback holds that iterator: its workers would be stopped
+    when it is garbage collected, at some later allocation, which then waits seconds per
+    worker for them."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        iterator = traceback.tb_frame.f_locals.get("self")
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            shutdown_workers(iterator)
+        traceback = traceback.tb_next
+
+
 #: The main snapshot of a StatefulDataLoader over an IterableDataset (no sampler state).
 _MAIN_KEYS = (
     NUM_WORKERS,

@@ -31,16 +31,20 @@ def validate_workers_state(
     ``max_replay``: the most items a state may replay after its snapshot, when more
     than the snapshot interval allows (a state rebuilt after a worker died);
     ``items_per_transfer`` > 1: the state also says how many items of the bundle
-    after its DataLoader position were taken (fewer than a bundle holds).
+    after its DataLoader position were taken (fewer than a bundle holds), and (states
+    saved since it was recorded) how many a bundle holds.
     """
     bundled = {"taken"} if items_per_transfer > 1 else set()
-    expect_keys(state, path, {"ended"}, optional={"dataloader", *bundled})
+    recorded = {"items_per_transfer"} if items_per_transfer > 1 else set()  # not always
+    expect_keys(state, path, {"ended"}, optional={"dataloader", *bundled, *recorded})
     if expect_bool(state, "ended", path):
         expect_keys(state, path, {"ended"})  # an ended epoch holds nothing more
         return
-    expect_keys(state, path, {"ended", "dataloader", *bundled})
+    expect_keys(state, path, {"ended", "dataloader", *bundled}, optional=recorded)
     if bundled:
         expect_int(state, "taken", path, 0, items_per_transfer - 1)
+    if "items_per_transfer" in state:
+        expect_int(state, "items_per_transfer", path, items_per_transfer, items_per_transfer)
     where = at(path, "dataloader")
     checked = torchdata.check_dataloader_state(
         state["dataloader"], num_workers, snapshot_every, where, max_replay=max_replay

@@ -122,7 +122,8 @@ class WorkerStreamNode(Node):
     worker in turn. The state adds ``"taken"``: items of the current bundle
     already returned, with the DataLoader's state as of *before* that bundle
     (a resume computes the bundle again and skips them); ``0`` with the state
-    after the last bundle when it was used up.
+    after the last bundle when it was used up; and ``"items_per_transfer"``:
+    ``K`` (states saved without it are read as before).
     """
 
     kind = "workers"
@@ -188,9 +189,18 @@ class WorkerStreamNode(Node):
             self._loader.load_state_dict(state["dataloader"])
         try:
             self._it = iter(()) if self._ended else iter(self._loader)
-        except RuntimeError as error:  # a persistent worker died just as the epoch began
-            dead = self._dead_workers()
+        except BaseException as error:
+            # Raised as the DataLoader started: a worker resumed at ``state`` refused it (a
+            # position its data does not have), or a persistent worker died just as the
+            # epoch began. The node keeps the position it was given: its close() and
+            # state_dict() start no workers (torch would fast-forward new ones to raise
+            # the same again).
+            self._loader = None
+            if state is not None:
+                self._closed_state = dict(state)
+            dead = self._dead_workers() if isinstance(error, RuntimeError) else ""
             self._stop_workers()
+            torchdata.shutdown_failed_start(error)
             if not dead:
                 raise
             raise WorkerDiedError(
@@ -247,7 +257,7 @@ class WorkerStreamNode(Node):
 
     def _past_the_data(self, size: int = 0) -> InvalidStateError:
         taken, self._skip = self._skip, 0
-        self._closed_state = {"ended": False, "dataloader": self._before, "taken": taken}
+        self._closed_state = {"ended": False, "dataloader": self._before, **self._bundled(taken)}
         self._stop_workers()
         return InvalidStateError(
             "taken",
@@ -314,7 +324,7 @@ class WorkerStreamNode(Node):
         inside = self._inside_bundle()
         if inside is not None:
             return inside
-        taken = {"taken": 0} if self._per_transfer > 1 else {}
+        taken = self._bundled(0) if self._per_transfer > 1 else {}
         for state in (self._loader.state_dict(), self._last_good):
             at = torchdata.at_step(state, self._returned)
             if at is not None:
@@ -324,11 +334,16 @@ class WorkerStreamNode(Node):
     def _inside_bundle(self) -> State | None:
         """The state in the middle of a bundle: the DataLoader's before it, items taken."""
         if self._skip:
-            return {"ended": False, "dataloader": self._before, "taken": self._skip}
+            return {"ended": False, "dataloader": self._before, **self._bundled(self._skip)}
         if self._bundle is not None and self._taken < len(self._bundle):
             before = _without_stats(self._before)
-            return {"ended": False, "dataloader": before, "taken": self._taken}
+            return {"ended": False, "dataloader": before, **self._bundled(self._taken)}
         return None
+
+    def _bundled(self, taken: int) -> State:
+        """What a state adds where transfers hold several items: those of the current one
+        taken, and how many one holds (so a state whose topology was edited is refused)."""
+        return {"taken": taken, "items_per_transfer": self._per_transfer}
 
     def _end_epoch(self) -> None:
         self._ended = True
@@ -357,7 +372,7 @@ class WorkerStreamNode(Node):
             return {"ended": self._ended}
         state = {"ended": False, "dataloader": _without_stats(self._loader.state_dict())}
         if self._per_transfer > 1:
-            return self._inside_bundle() or {**state, "taken": 0}
+            return self._inside_bundle() or {**state, **self._bundled(0)}
         return state
 
     @property

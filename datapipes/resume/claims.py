@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from datapipes.placement import worker_part
 from nodes import Context
 from nodes import elastic as el
+from nodes.base import walk_graph
+from nodes.consumer_work import DealtWork
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.errors import InvalidStateError
 
@@ -55,6 +57,38 @@ def whole_epoch(pipe: DataPipe[Any], setup: JobSetup, epoch: int, listings: Any 
     record without its work stands for): :func:`epoch_work` of the part a consumer runs."""
     ctx = Context(epoch=epoch, seed=setup.seed, listings=listings)
     return epoch_work(worker_part(pipe, setup.num_workers), ctx)
+
+
+def check_work_bounds(
+    pipe: DataPipe[Any], setup: JobSetup, epoch: int, work: el.Work, listings: Any, path: str
+) -> None:
+    """Refuse (:class:`InvalidStateError` naming the place) an epoch's work, as a state holds
+    it (a dispatch record's, a merged state's remaining work), that the recipe's sources
+    could not read: a source it does not have or of another kind, positions past the data,
+    files past the listing. Its shapes were checked when the state was parsed
+    (:func:`datapipes.resume.schema.check_work`); cut into units or dealt unchecked, a
+    position past the data would be read as an item of another, or forever."""
+    if not work:
+        return
+    plan = {place: entry["pieces"] for place, entry in work.items()}
+    ctx = setup.context(0, 0, epoch, listings=listings, work=DealtWork(epoch, plan))
+    root = worker_part(pipe, setup.num_workers).build(ctx)
+    try:
+        places = set()
+        for node in walk_graph(root):
+            if node.elastic != "source" or node.place not in work:
+                continue
+            places.add(node.place)
+            where = f"{path}[{node.place!r}]"
+            if work[node.place]["kind"] != node.elastic_kind:
+                expected = f"{node.elastic_kind!r} (the kind of the recipe's source there)"
+                raise InvalidStateError(f"{where}.kind", expected, work[node.place]["kind"])
+            node.validate_plan(plan[node.place], f"{where}.pieces")
+        unknown = set(work) - places
+        if unknown:
+            raise InvalidStateError(path, "the work of this recipe's sources", sorted(unknown))
+    finally:
+        root.close()
 
 
 class ReplayDispatch:

@@ -188,7 +188,9 @@ def _check_against_setup(entry: RankEntry, setup: JobSetup) -> None:
 
 def _check_workers_against_setup(entry: RankEntry, setup: JobSetup) -> None:
     """Refuse a rank's node state whose DataLoader holds another number of workers than
-    ``topology.num_workers`` says (believing either would lose or repeat items)."""
+    ``topology.num_workers`` says, or none where it says there are some, or whose
+    transfers are not of the items ``topology.items_per_transfer`` says (believing either
+    would lose or repeat items)."""
     node = entry.node
     while isinstance(node, dict) and "dataloader" not in node and "ended" not in node:
         node = node.get(UPSTREAM)
@@ -202,6 +204,29 @@ def _check_workers_against_setup(entry: RankEntry, setup: JobSetup) -> None:
                 "a DataLoader state",
             )
         return
+    if entry.node is not None and not isinstance(node, dict):  # mid-epoch, not in workers
+        raise InvalidStateError(
+            f"{path}...dataloader",
+            f"the DataLoader's state (topology.num_workers is {setup.num_workers})",
+            "a position of a rank without workers",
+        )
+    if has_loader and ("taken" in node) != (setup.items_per_transfer > 1):
+        # The items of the current transfer taken: recorded where a transfer holds several.
+        expected = (
+            f"the items taken of the current transfer (topology.items_per_transfer is "
+            f"{setup.items_per_transfer})"
+            if setup.items_per_transfer > 1
+            else "no items taken of a transfer (topology.items_per_transfer is 1)"
+        )
+        raise InvalidStateError(f"{path}...taken", expected, node.get("taken", "none"))
+    recorded = node.get("items_per_transfer") if has_loader else None
+    if recorded is not None and (type(recorded) is not int or recorded != setup.items_per_transfer):
+        # Recorded beside "taken" (states saved before it was are read as before).
+        raise InvalidStateError(
+            f"{path}...items_per_transfer",
+            f"{setup.items_per_transfer} (topology.items_per_transfer)",
+            node["items_per_transfer"],
+        )
     if not has_loader or not isinstance(node["dataloader"], dict) or not node["dataloader"]:
         return  # at the epoch's start, or ended: nothing to compare
     try:

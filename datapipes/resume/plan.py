@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from datapipes.placement import worker_part
+from datapipes.resume.claims import check_work_bounds
 from datapipes.resume.graph import node_path
 from datapipes.resume.model import JobSetup, JobState
 from datapipes.resume.remaining import remaining_work, resume_epoch
@@ -177,6 +178,10 @@ def _remaining(
                 f"{epoch} (the epoch the ranks resume)",
                 state.remaining.epoch,
             )
+        # Dealt (static) or cut into units (dynamic): either way checked against the data.
+        check_work_bounds(
+            pipe, state.setup, epoch, state.remaining.work or {}, listings, "remaining.text.work"
+        )
         return epoch, state.remaining.work, dict(state.remaining.dropped)
     dropped: dict[str, int] = {}
     epoch, work = remaining_work(pipe, state, listings, dropped)

@@ -17,10 +17,11 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from datapipes.placement import rebuild_on, worker_part
-from datapipes.resume.claims import ReplayDispatch, whole_epoch
+from datapipes.resume.claims import ReplayDispatch, check_work_bounds, whole_epoch
 from datapipes.resume.graph import explain_difference, node_path
 from datapipes.resume.model import JobSetup, JobState, RankEntry, Remaining
 from datapipes.resume.parse import parse_state
+from datapipes.resume.schema import rank_path
 from datapipes.resume.write import job_state
 from nodes import UPSTREAM, Context, Node
 from nodes import elastic as el
@@ -289,16 +290,18 @@ def _replay_dispatch(
     listings: Any,
 ) -> ReplayDispatch | None:
     """The claims of ``epoch`` if it was dispatched dynamically (see datapipes.dispatch)."""
-    records = [
-        entry.dispatch
-        for entry in entries
-        if entry.dispatch is not None and entry.dispatch.epoch == epoch
+    dispatched = [
+        entry for entry in entries if entry.dispatch is not None and entry.dispatch.epoch == epoch
     ]
+    records = [entry.dispatch for entry in dispatched if entry.dispatch is not None]
     if not records:
         return None
     whole = None
     if records[0].work is None:  # the epoch's whole work: worked out again
         whole = whole_epoch(pipe, setup, epoch, listings)
+    else:  # a resumed epoch's rest: checked before it is cut into units (the others agree)
+        path = f"{rank_path(str(dispatched[0].rank))}.dispatch.work"
+        check_work_bounds(pipe, setup, epoch, records[0].work, listings, path)
     return ReplayDispatch(records, whole)
 
 

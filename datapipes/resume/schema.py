@@ -79,7 +79,19 @@ def check_remaining(remaining: Any) -> None:
     path = "remaining.text"
     expect_keys(value, path, {"epoch", "work", "dropped"})
     expect_int(value, "epoch", path)
-    work = value["work"]
+    check_work(value["work"], f"{path}.work")
+    dropped = value["dropped"]
+    if not isinstance(dropped, dict) or not all(
+        isinstance(k, str) and is_int(n) and n >= 0 for k, n in dropped.items()
+    ):
+        raise InvalidStateError(f"{path}.dropped", "a dict of counts >= 0 by step", dropped)
+
+
+def check_work(work: Any, path: str) -> None:
+    """Refuse an epoch's work (``None``: the whole epoch) that is not ``{source place:
+    {"kind", "pieces"}}`` with pieces of that kind, no position in two of them. Shapes
+    here, before the work is dealt or cut into units; the bounds need the recipe, its
+    data and listing (:func:`datapipes.resume.claims.check_work_bounds`)."""
     if work is not None and not (
         isinstance(work, dict)
         and all(
@@ -89,20 +101,16 @@ def check_remaining(remaining: Any) -> None:
             for entry in work.values()
         )
     ):
-        raise InvalidStateError(f"{path}.work", "null or {source: {kind, pieces}}", work)
+        raise InvalidStateError(path, "null or {source: {kind, pieces}}", work)
     for place, entry in (work or {}).items():
-        # Shapes here, before the work is dealt; the sources check their bounds when they
-        # read their share (the listing and the data are not known yet).
-        where = f"{path}.work[{place!r}].pieces"
+        expect_keys(entry, f"{path}[{place!r}]", {"kind", "pieces"}, optional={"held"})
+        if "held" in entry:  # items read but not delivered among the pieces (for inspect)
+            expect_int(entry, "held", f"{path}[{place!r}]", 0)
+        where = f"{path}[{place!r}].pieces"
         if entry["kind"] in ("positions", "stream"):
             check_positions(entry["pieces"], where, None)
         else:
             check_records(entry["pieces"], where, ANY_FILE)
-    dropped = value["dropped"]
-    if not isinstance(dropped, dict) or not all(
-        isinstance(k, str) and is_int(n) and n >= 0 for k, n in dropped.items()
-    ):
-        raise InvalidStateError(f"{path}.dropped", "a dict of counts >= 0 by step", dropped)
 
 
 def check_idle(idle: Any, ranks: set[str], world_size: int) -> None:
@@ -160,8 +168,7 @@ def check_dispatch_record(record: Any, path: str) -> None:
     expect_int(record, "unit_items", path, 1)
     if not isinstance(record["key"], str):
         raise InvalidStateError(f"{path}.key", "the run's key (a string)", record["key"])
-    if record["work"] is not None and not isinstance(record["work"], dict):
-        raise InvalidStateError(f"{path}.work", "the epoch's work (a dict) or null", "?")
+    check_work(record["work"], f"{path}.work")
     claims = record["claims"]
     if not isinstance(claims, dict):
         raise InvalidStateError(f"{path}.claims", "claims by consumer (a dict)", claims)

@@ -6,6 +6,7 @@ See :mod:`nodes.elastic` for the vocabulary (source, piece, origin, work, plan).
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import count
@@ -174,6 +175,100 @@ def check_positions(pieces: Any, path: str, end: int | None) -> None:
                 bounds[1], f"{where}.range[1]", start + 1, end if end is None else end + step - 1
             )
         _check_selection(piece, where)
+    check_disjoint(pieces, path)
+
+
+#: A piece of at most this many positions is compared with the others position by position.
+_FEW = 32
+
+
+def check_disjoint(pieces: list[Piece], path: str) -> None:
+    """Refuse two positions pieces (checked one by one already) that hold one position: its
+    item would be read twice. Two pieces may share a position when both select outputs of
+    it (of the ``flat_map`` above the source) that do not overlap.
+
+    A sweep over the pieces by start: each is compared with the pieces still open there,
+    grouped by step and residue, so the interleaved strides of a deal cost no pairwise
+    comparison.
+
+    >>> check_disjoint([positions(0, 10, 2), positions(1, 9, 2), positions(10, 12)], "p")
+    >>> check_disjoint([positions(0, 10, 2), positions(3, 7)], "p")
+    Traceback (most recent call last):
+    ...
+    nodes.errors.InvalidStateError: invalid state at p[1].range: expected positions no other \
+piece holds (piece 0 holds position 4), found [3, 7, 1]...
+    """
+    order = sorted(range(len(pieces)), key=lambda i: pieces[i]["range"][0])
+    open_: dict[int, dict[int, dict[int, float]]] = {}  # step -> residue -> {piece: stop}
+    ends: list[tuple[float, int]] = []  # (stop, piece) of the open pieces
+    for i in order:
+        start, stop, step = pieces[i]["range"]
+        while ends and ends[0][0] <= start:
+            _, j = heapq.heappop(ends)
+            first, _, every = pieces[j]["range"]
+            del open_[every][first % every][j]
+        for every, residues in open_.items():
+            for j, position in _meeting(start, stop, step, every, residues):
+                if not _apart(pieces[i], pieces[j]):
+                    raise InvalidStateError(
+                        f"{path}[{i}].range",
+                        f"positions no other piece holds (piece {j} holds position {position})",
+                        pieces[i]["range"],
+                    )
+        end = math.inf if stop is None else stop
+        open_.setdefault(step, {}).setdefault(start % step, {})[i] = end
+        heapq.heappush(ends, (end, i))
+
+
+def _meeting(
+    start: int, stop: int | None, step: int, every: int, residues: dict[int, dict[int, float]]
+) -> Iterator[tuple[int, int]]:
+    """``(piece, position)`` for the open pieces of step ``every`` (each began at or before
+    ``start`` and ends after it) that hold a position of ``range(start, stop, step)``."""
+    if every == step:  # the same stride: those of start's residue hold start itself
+        for j in residues.get(start % every, {}):
+            yield j, start
+        return
+    if stop is not None and (stop - start) // step <= _FEW:
+        for position in range(start, stop, step):
+            for j, end in residues.get(position % every, {}).items():
+                if position < end:
+                    yield j, position
+        return
+    g = math.gcd(step, every)
+    for residue, open_pieces in residues.items():
+        if (residue - start) % g:
+            continue  # no position of one is a position of the other
+        # the first position >= start of both strides (start + step * t = residue mod every)
+        modulus = every // g
+        t = ((residue - start) // g * pow(step // g, -1, modulus)) % modulus
+        position = start + step * t
+        if stop is not None and position >= stop:
+            continue
+        for j, end in open_pieces.items():
+            if position < end:
+                yield j, position
+
+
+def _apart(one: Piece, other: Piece) -> bool:
+    """Whether both pieces select outputs of their items, and none of the same."""
+    if not (has_selection(one) and has_selection(other)):
+        return False
+    a, b = _outputs_of(one), _outputs_of(other)
+    if isinstance(a, set) and isinstance(b, set):
+        return not a & b
+    if isinstance(a, set):
+        a, b = b, a
+    lo, hi = a  # type: ignore[misc]
+    if isinstance(b, set):
+        return not any(lo <= output < hi for output in b)
+    return hi <= b[0] or b[1] <= lo
+
+
+def _outputs_of(piece: Piece) -> set[int] | tuple[float, float]:
+    if "from" in piece:
+        return (piece["from"], piece.get("upto", math.inf))
+    return set(piece["outputs"])
 
 
 def check_records(pieces: Any, path: str, files: int) -> None:
