@@ -43,7 +43,16 @@ from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.dispatch import lease as lease_module
 from nodes.dispatch.dispatcher import claim_list_key, claims_in, seal
-from nodes.dispatch.lease import DONE, TAKEN, Lease, LeaseLost, LeaseWatch, lease_key, takeover_key
+from nodes.dispatch.lease import (
+    DONE,
+    TAKEN,
+    Lease,
+    LeaseLost,
+    LeaseWatch,
+    decode,
+    lease_key,
+    takeover_key,
+)
 from nodes.errors import InvalidStateError
 
 if TYPE_CHECKING:
@@ -145,6 +154,16 @@ class Takeovers:
     @property
     def client(self) -> Any:
         return self.loader.client()
+
+    def _taken_from_me(self, lease: Lease) -> bool:
+        """Whether ``lease`` was taken over with units still to deliver (one store read)."""
+        if lease.lost:
+            return True
+        value = decode(self.client.get_or_none(lease.key), lease.key)
+        if value is None or value["status"] != TAKEN or value.get("by") == self.loader.rank:
+            return False
+        was = value.get("was")
+        return not (isinstance(was, dict) and was.get("status") == DONE)
 
     # ----- the rank's own units -------------------------------------------------------------
     def deliver(self, items: Iterator[Any], spec: DispatchSpec) -> Iterator[Any]:
@@ -379,7 +398,18 @@ class Takeovers:
         return state
 
     def check_checkpoint(self) -> None:
-        """Refuse a checkpoint while this rank reads a taken-over rank's units."""
+        """Refuse a checkpoint while this rank reads a taken-over rank's units, or while
+        its own lease is taken over but its epoch has not ended yet (it ends at the next
+        item): its position then names units its taker delivers."""
+        lease = self.lease
+        if lease is not None and not self.fenced and self._taken_from_me(lease):
+            raise TakeoverCheckpointError(
+                f"rank {self.loader.rank}'s dispatch lease was taken over (it went longer "
+                "than dispatch_lease_seconds without renewing it): the rank that took it "
+                "delivers the rest of this rank's units, so this rank's position is no "
+                "longer its share. Its epoch ends at its next item (a LeaseTakenWarning): "
+                "checkpoint after that, or from the other ranks"
+            )
         if self.reading_phase is not None:
             raise TakeoverCheckpointError(
                 f"rank {self.loader.rank} is reading the units it took over from stalled rank "
