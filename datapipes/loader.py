@@ -325,7 +325,7 @@ class Loader(LoaderCheckpoints, LoaderReports):
             setup=lambda: self.setup,
             rank=self.rank,
             client=lambda: dispatch.client,
-            state=self.state_dict,
+            state=self._position,
             epoch=lambda: self._cursor.epoch,
             record=dispatch.record,
             listings=lambda: self._listings.get(self._context),

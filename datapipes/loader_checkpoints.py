@@ -58,6 +58,10 @@ class LoaderCheckpoints:
         """
         if self._takeovers is not None:
             self._takeovers.check_checkpoint()
+        return self._position()
+
+    def _position(self) -> dict[str, Any]:
+        """:meth:`state_dict` without the takeover checks (what takeovers publish)."""
         root = self._root
         epoch, node = self._cursor.position(None if root is None else root.state_dict)
         if self._fresh is not None and node is not None and self._fresh == (epoch, node):
