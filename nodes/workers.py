@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import re
 import signal
 import warnings
 from collections.abc import Callable, Iterator
@@ -97,6 +98,13 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def _died_as_they_started(message: str) -> str:
+    """``"worker process(es) pid 123"`` from torch's error for workers that died before the
+    node knew them (``DataLoader worker (pid(s) 123) exited unexpectedly``), else ``""``."""
+    found = re.search(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly", message)
+    return f"worker process(es) pid {found.group(1)}" if found else ""
 
 
 class WorkerStreamNode(Node):
@@ -199,6 +207,8 @@ class WorkerStreamNode(Node):
             if state is not None:
                 self._closed_state = dict(state)
             dead = self._dead_workers() if isinstance(error, RuntimeError) else ""
+            if not dead and isinstance(error, RuntimeError):  # the new workers torch started
+                dead = _died_as_they_started(str(error))
             self._stop_workers()
             torchdata.shutdown_failed_start(error)
             if not dead:

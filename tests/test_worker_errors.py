@@ -763,3 +763,13 @@ def test_a_closed_loader_leaves_no_stopped_worker_behind() -> None:
     loader.close()
     for worker in workers:
         assert not worker.is_alive(), f"worker {worker.pid} outlived close()"
+
+
+def test_workers_that_die_as_torch_starts_them_are_named_from_its_error() -> None:
+    """A worker killed while a fresh DataLoader iterator starts is not known to the node yet:
+    torch's message names its pid, and the node raises WorkerDiedError with it."""
+    from nodes.workers import _died_as_they_started
+
+    message = "DataLoader worker (pid(s) 4242, 4243) exited unexpectedly"
+    assert _died_as_they_started(message) == "worker process(es) pid 4242, 4243"
+    assert _died_as_they_started("some other RuntimeError") == ""
