@@ -349,3 +349,74 @@ def test_a_stopped_writers_unit_is_written_by_another_after_stale_seconds(tmp_pa
     os.utime(tmp_path / "o" / marker, (old, old))
     assert dest.held_units(60.0) == set()
     assert marker.endswith(f".{_host()}.{os.getpid()}")
+
+
+def test_a_unit_held_by_a_stopped_writer_of_this_host_is_written_once_its_marker_is_stale(
+    tmp_path: Path,
+) -> None:
+    """A whole write: a stopped (SIGSTOP) writer is alive but touches its marker no more;
+    the others respect its fresh markers, and write its units once they are stale."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from datapipes.write.destination import _host
+
+    pipe = dp.range(40).map(jsonl_sample)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean")).url))
+    out, stale = tmp_path / "o", 1.5
+    (out / META / "writing").mkdir(parents=True)
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        markers = [out / META / "writing" / f"{u:06d}.{_host()}.{stopped.pid}" for u in range(8)]
+        for marker in markers:
+            marker.write_text("0")
+        # Rank 1 of 2 never comes: rank 0 writes its share, then rank 1's once stale.
+        (manifest,) = in_threads(
+            1, lambda r: dp.write(pipe, str(out), rank=0, world_size=2, stale_seconds=stale)
+        )
+        assert time.monotonic() - started >= stale  # a fresh marker was respected
+        assert manifest.stats["units_written"] == 8
+        assert all(marker.exists() for marker in markers)  # its owner is alive: it removes them
+        for marker in markers:
+            marker.unlink()
+        assert tree(out) == clean
+    finally:
+        stopped.kill()
+        stopped.wait()
+
+
+#: Where ``leaving_leftovers`` drops a dead writer's leftovers (``None``: it does not).
+LEFTOVERS: dict[str, Path | None] = {"out": None}
+
+
+def leaving_leftovers(i: int) -> dict[str, Any]:
+    out = LEFTOVERS["out"]
+    if i == 13 and out is not None:  # mid-write: after the first look for dead writers
+        from datapipes.write.destination import _host
+
+        dead = 2**22 + 4321  # no such pid
+        (out / META / "writing" / f"000005.{_host()}.{dead}").write_text("0")
+        (out / f".shard-000005-0000.jsonl.tmp-{_host()}-{dead}-3").write_text("half")
+        other = out / META / "writing" / "000006.otherhost.77"
+        other.write_text("0")
+        os.utime(other, (0, 0))  # untouched for ages
+    return jsonl_sample(i)
+
+
+def test_leftovers_of_writers_that_died_meanwhile_are_removed_before_the_manifest(
+    tmp_path: Path,
+) -> None:
+    """A writer that died while the others wrote (its units written again by them) leaves
+    no marker or temporary behind (before: only a later call's first look removed them)."""
+    pipe = dp.range(40).map(leaving_leftovers)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean"), stale_seconds=30).url))
+    LEFTOVERS["out"] = tmp_path / "o"
+    try:
+        dp.write(pipe, str(tmp_path / "o"), stale_seconds=30)
+    finally:
+        LEFTOVERS["out"] = None
+    assert tree(tmp_path / "o") == clean

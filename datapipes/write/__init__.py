@@ -103,7 +103,7 @@ def write(
     if done is not None:
         return _with_stats(done, written=0, found=len(plan.units), started=started)
     destination.publish(PLAN, encode_json(_plan_record(plan)))
-    destination.clean_dead()
+    destination.clean_dead(stale_seconds)
     writer = UnitWriter(pipe, plan, destination.url, dict(storage_options or {}), stale_seconds)
     pending = [u.index for u in plan.units if read_unit_record(destination, plan, u) is None]
     found = len(plan.units) - len(pending)
@@ -120,6 +120,8 @@ def write(
             loader.close()
         written += _help(destination, plan, writer, loader.rank, loader.world_size, stale_seconds)
     _check_same_plan(destination, plan)
+    # Every unit is done: what dead writers left (their units were written again) goes.
+    destination.clean_dead(stale_seconds)
     manifest = _manifest(destination, plan)
     destination.publish(MANIFEST, encode_json(manifest.to_json()))
     return _with_stats(manifest, written=written, found=found, started=started)

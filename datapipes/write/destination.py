@@ -123,24 +123,36 @@ class Destination:
         for marker in self.names(f"{META}/writing"):
             unit, _, owner = marker.partition(".")
             host, _, pid = owner.rpartition(".")
-            if host == self.host and pid.isdigit():
-                if not pid_alive(int(pid)):
-                    continue
-            try:
-                modified = self.fs.modified(self.path(f"{META}/writing", marker)).timestamp()
-            except (FileNotFoundError, NotImplementedError):
+            if host == self.host and pid.isdigit() and not pid_alive(int(pid)):
                 continue
-            if time.time() - modified < stale_seconds:
+            if not self._stale(f"{META}/writing/{marker}", stale_seconds):
                 held.add(unit)
         return held
 
-    def clean_dead(self) -> int:
-        """Remove the markers and temporaries of this host's dead writers; how many."""
+    def _stale(self, name: str, stale_seconds: float) -> bool:
+        """Whether ``name`` was not modified for ``stale_seconds`` (a vanished file is)."""
+        try:
+            modified = self.fs.modified(self.path(name)).timestamp()
+        except (FileNotFoundError, NotImplementedError):
+            return True
+        return time.time() - modified >= stale_seconds
+
+    def clean_dead(self, stale_seconds: float | None = None) -> int:
+        """Remove the markers and temporaries of this host's dead writers, and the markers
+        of other hosts' writers untouched for ``stale_seconds`` (their temporaries stay:
+        no pid tells whether they are dead); how many."""
         removed = 0
         for marker in self.names(f"{META}/writing"):
+            if marker.startswith("."):
+                continue  # a marker's temporary: below
             host, _, pid = marker.partition(".")[2].rpartition(".")
-            if host == self.host and pid.isdigit() and not pid_alive(int(pid)):
-                self.remove(f"{META}/writing/{marker}")
+            name = f"{META}/writing/{marker}"
+            if host == self.host and pid.isdigit():
+                dead = not pid_alive(int(pid))
+            else:
+                dead = stale_seconds is not None and self._stale(name, stale_seconds)
+            if dead:
+                self.remove(name)
                 removed += 1
         if self.renames:
             for folder, _, files in os.walk(self.root):
