@@ -420,3 +420,19 @@ def test_leftovers_of_writers_that_died_meanwhile_are_removed_before_the_manifes
     finally:
         LEFTOVERS["out"] = None
     assert tree(tmp_path / "o") == clean
+
+
+def test_writing_again_removes_a_dead_writers_temporary_and_nothing_else(tmp_path: Path) -> None:
+    """A rank killed while it published the manifest the others had already published
+    leaves its temporary; the next call finds the output complete, writes nothing and
+    removes it (before: it stayed for good)."""
+    from datapipes.write.destination import _host
+
+    pipe = dp.range(30).map(jsonl_sample)
+    dp.write(pipe, str(tmp_path / "o"), records_per_shard=4)
+    clean = tree(tmp_path / "o")
+    dead = 2**22 + 999  # no such pid
+    (tmp_path / "o" / f".manifest.json.tmp-{_host()}-{dead}-7").write_text('{"vers')
+    again = dp.write(pipe, str(tmp_path / "o"), records_per_shard=4)
+    assert again.stats["units_written"] == 0
+    assert tree(tmp_path / "o") == clean

@@ -100,7 +100,8 @@ def write(
     destination = Destination(dest, storage_options)
     plan = make_plan(pipe, options)
     done = _existing(destination, plan, overwrite)
-    if done is not None:
+    if done is not None:  # written; a writer killed after the others returned left a temporary
+        destination.clean_dead(stale_seconds)
         return _with_stats(done, written=0, found=len(plan.units), started=started)
     destination.publish(PLAN, encode_json(_plan_record(plan)))
     destination.clean_dead(stale_seconds)
