@@ -436,3 +436,33 @@ def test_writing_again_removes_a_dead_writers_temporary_and_nothing_else(tmp_pat
     again = dp.write(pipe, str(tmp_path / "o"), records_per_shard=4)
     assert again.stats["units_written"] == 0
     assert tree(tmp_path / "o") == clean
+
+
+@pytest.mark.slow
+def test_an_s3_destination_sees_what_others_wrote_after_it_listed() -> None:
+    """Each rank's s3fs keeps a folder's listing for ever: a rank that had listed the unit
+    records missed (and failed to open) those other ranks wrote after, and waited for a
+    marker its owner had removed (before: every look now asks the store)."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed")
+    pytest.importorskip("moto.server", reason="moto's server mode is not installed")
+    from s3_server import KEY, REGION, SECRET, moto_server
+
+    from datapipes.write.destination import Destination
+
+    with moto_server() as endpoint:
+        options = {
+            "key": KEY, "secret": SECRET, "skip_instance_cache": True,  # a cache each
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": REGION},
+        }  # fmt: skip
+        mine = Destination("s3://write-listings/out", options)
+        theirs = Destination("s3://write-listings/out", options)
+        mine.fs.mkdir("write-listings")
+        theirs.publish(f"{META}/units/000000.json", b"{}")
+        assert mine.names(f"{META}/units") == ["000000.json"]  # a listing s3fs keeps
+        theirs.publish(f"{META}/units/000001.json", b"{}")
+        assert mine.read(f"{META}/units/000001.json") == b"{}"
+        assert mine.names(f"{META}/units") == ["000000.json", "000001.json"]
+        marker = theirs.mark_writing("000002")  # this process's pid: a live writer
+        assert mine.held_units(60) == {"000002"}
+        theirs.remove(marker)
+        assert mine.held_units(60) == set()

@@ -9,6 +9,11 @@ completes, as those stores do (a writer killed mid-upload leaves nothing).
 A unit being written is marked (``_datapipes/writing/<unit>.<host>.<pid>``)
 so that another rank can tell a unit in progress from one abandoned by a
 dead writer; temporaries of dead writers are removed.
+
+Other processes write here too: every look (a read, a listing, a file's time)
+asks the store again instead of fsspec's listing cache (s3fs keeps a folder's
+listing for ever, and then misses, or even fails to open, what others wrote
+since).
 """
 
 from __future__ import annotations
@@ -83,21 +88,26 @@ class Destination:
             os.fsync(out.fileno())
         os.replace(temporary, final)  # atomic: readers see the old file or the new one
 
+    def _fresh(self, path: str) -> str:
+        """``path``, with what fsspec cached of it and its folders forgotten."""
+        self.fs.invalidate_cache(path)
+        return path
+
     def read(self, name: str) -> bytes | None:
         """The bytes of ``name``, or ``None`` if there is no such file."""
         try:
-            with self.fs.open(self.path(name), "rb") as source:
+            with self.fs.open(self._fresh(self.path(name)), "rb") as source:
                 return source.read()
         except FileNotFoundError:
             return None
 
     def exists(self, name: str) -> bool:
-        return bool(self.fs.exists(self.path(name)))
+        return bool(self.fs.exists(self._fresh(self.path(name))))
 
     def names(self, folder: str = "") -> list[str]:
         """The names of the files directly in ``folder`` (a path inside the destination)."""
         try:
-            entries = self.fs.ls(self.path(folder), detail=False)
+            entries = self.fs.ls(self._fresh(self.path(folder)), detail=False)
         except FileNotFoundError:
             return []
         return sorted(posixpath.basename(str(entry).rstrip("/")) for entry in entries)
@@ -132,7 +142,7 @@ class Destination:
     def _stale(self, name: str, stale_seconds: float) -> bool:
         """Whether ``name`` was not modified for ``stale_seconds`` (a vanished file is)."""
         try:
-            modified = self.fs.modified(self.path(name)).timestamp()
+            modified = self.fs.modified(self._fresh(self.path(name))).timestamp()
         except (FileNotFoundError, NotImplementedError):
             return True
         return time.time() - modified >= stale_seconds
