@@ -466,3 +466,43 @@ def test_an_s3_destination_sees_what_others_wrote_after_it_listed() -> None:
         assert mine.held_units(60) == {"000002"}
         theirs.remove(marker)
         assert mine.held_units(60) == set()
+
+
+def test_a_rank_that_starts_late_is_dealt_the_units_of_its_rank_not_of_what_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks deal all the units (the done ones skipped): a rank that starts once unit 0 is
+    done still gets units 1, 3, 5, 7 of 2 ranks (before: 2, 4, 6 of the 7 left, which the
+    early rank 0 also had, while 3, 5, 7 waited for the help phase)."""
+    import sys
+
+    from datapipes.write.unit import UnitWriter
+
+    write_module = sys.modules["datapipes.write"]  # dp.write, the function, hides the module
+
+    pipe = dp.range(80).map(countdown_sample)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean"), records_per_shard=6).url))
+    COUNTDOWN["left"] = 11  # unit 0 (10 records) written, then the job dies in unit 1
+    try:
+        with pytest.raises(RuntimeError, match="killed"):
+            dp.write(pipe, str(tmp_path / "o"), records_per_shard=6)
+    finally:
+        COUNTDOWN["left"] = None
+    log: list[Any] = []
+    write, help_ = UnitWriter.write, write_module._help
+
+    def logged_write(self: UnitWriter, unit: Any) -> Any:
+        log.append(unit.index)
+        return write(self, unit)
+
+    def logged_help(*args: Any) -> int:
+        log.append("help")
+        return help_(*args)
+
+    monkeypatch.setattr(UnitWriter, "write", logged_write)
+    monkeypatch.setattr(write_module, "_help", logged_help)
+    late = dp.write(pipe, str(tmp_path / "o"), records_per_shard=6, rank=1, world_size=2)
+    assert log[: log.index("help")] == [1, 3, 5, 7]
+    assert sorted(log[log.index("help") + 1 :]) == [2, 4, 6]  # rank 0's: it never came
+    assert late.stats["units_written"] == 7 and late.stats["units_found_done"] == 1
+    assert tree(tmp_path / "o") == clean

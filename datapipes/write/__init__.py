@@ -111,10 +111,13 @@ def write(
     written = 0
     if pending:
         loader_options.setdefault("even_batches", False)  # a dead rank must not hang the rest
-        loader = Loader(from_sequence(pending).map(writer), seed, **loader_options)
+        # All the units are dealt, done or not (the writer skips those done): ranks that
+        # start apart see other units left, and a deal of those would differ between them.
+        units = from_sequence(range(len(plan.units))).map(writer)
+        loader = Loader(units, seed, **loader_options)
         try:
-            for _ in loader:
-                written += 1
+            for outcome in loader:
+                written += outcome["written"]
         except WorkerDiedError as error:  # the units left are written below, in this process
             warnings.warn(f"dp.write goes on without its DataLoader workers: {error}", stacklevel=2)
         finally:
