@@ -493,6 +493,8 @@ def finish(
         went_on = [w for r in range(world) for w in job.result(r)["warnings"]
                    if "without its DataLoader workers" in w]  # fmt: skip
         trial.say("its rank went on in-process" if went_on else "no rank saw a worker die")
+        if trial.point != "time" and trial.landed:  # killed mid-publish: mid-epoch
+            assert went_on, [job.result(r)["warnings"] for r in range(world)]
     for rank in set(range(world)) - set(killed):
         assert ended[rank] == 0, job.output()
         assert job.result(rank)["records"] == RECORDS  # it returned with the whole output
