@@ -24,6 +24,7 @@ EXPECTED = [
     "06_distributed_training",
     "07_feeding_the_gpu",
     "08_reuse_across_projects",
+    "09_preprocess_and_write",
 ]
 
 

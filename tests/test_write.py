@@ -349,3 +349,160 @@ def test_a_stopped_writers_unit_is_written_by_another_after_stale_seconds(tmp_pa
     os.utime(tmp_path / "o" / marker, (old, old))
     assert dest.held_units(60.0) == set()
     assert marker.endswith(f".{_host()}.{os.getpid()}")
+
+
+def test_a_unit_held_by_a_stopped_writer_of_this_host_is_written_once_its_marker_is_stale(
+    tmp_path: Path,
+) -> None:
+    """A whole write: a stopped (SIGSTOP) writer is alive but touches its marker no more;
+    the others respect its fresh markers, and write its units once they are stale."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from datapipes.write.destination import _host
+
+    pipe = dp.range(40).map(jsonl_sample)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean")).url))
+    out, stale = tmp_path / "o", 1.5
+    (out / META / "writing").mkdir(parents=True)
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        markers = [out / META / "writing" / f"{u:06d}.{_host()}.{stopped.pid}" for u in range(8)]
+        for marker in markers:
+            marker.write_text("0")
+        # Rank 1 of 2 never comes: rank 0 writes its share, then rank 1's once stale.
+        (manifest,) = in_threads(
+            1, lambda r: dp.write(pipe, str(out), rank=0, world_size=2, stale_seconds=stale)
+        )
+        assert time.monotonic() - started >= stale  # a fresh marker was respected
+        assert manifest.stats["units_written"] == 8
+        assert all(marker.exists() for marker in markers)  # its owner is alive: it removes them
+        for marker in markers:
+            marker.unlink()
+        assert tree(out) == clean
+    finally:
+        stopped.kill()
+        stopped.wait()
+
+
+#: Where ``leaving_leftovers`` drops a dead writer's leftovers (``None``: it does not).
+LEFTOVERS: dict[str, Path | None] = {"out": None}
+
+
+def leaving_leftovers(i: int) -> dict[str, Any]:
+    out = LEFTOVERS["out"]
+    if i == 13 and out is not None:  # mid-write: after the first look for dead writers
+        from datapipes.write.destination import _host
+
+        dead = 2**22 + 4321  # no such pid
+        (out / META / "writing" / f"000005.{_host()}.{dead}").write_text("0")
+        (out / f".shard-000005-0000.jsonl.tmp-{_host()}-{dead}-3").write_text("half")
+        other = out / META / "writing" / "000006.otherhost.77"
+        other.write_text("0")
+        os.utime(other, (0, 0))  # untouched for ages
+    return jsonl_sample(i)
+
+
+def test_leftovers_of_writers_that_died_meanwhile_are_removed_before_the_manifest(
+    tmp_path: Path,
+) -> None:
+    """A writer that died while the others wrote (its units written again by them) leaves
+    no marker or temporary behind (before: only a later call's first look removed them)."""
+    pipe = dp.range(40).map(leaving_leftovers)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean"), stale_seconds=30).url))
+    LEFTOVERS["out"] = tmp_path / "o"
+    try:
+        dp.write(pipe, str(tmp_path / "o"), stale_seconds=30)
+    finally:
+        LEFTOVERS["out"] = None
+    assert tree(tmp_path / "o") == clean
+
+
+def test_writing_again_removes_a_dead_writers_temporary_and_nothing_else(tmp_path: Path) -> None:
+    """A rank killed while it published the manifest the others had already published
+    leaves its temporary; the next call finds the output complete, writes nothing and
+    removes it (before: it stayed for good)."""
+    from datapipes.write.destination import _host
+
+    pipe = dp.range(30).map(jsonl_sample)
+    dp.write(pipe, str(tmp_path / "o"), records_per_shard=4)
+    clean = tree(tmp_path / "o")
+    dead = 2**22 + 999  # no such pid
+    (tmp_path / "o" / f".manifest.json.tmp-{_host()}-{dead}-7").write_text('{"vers')
+    again = dp.write(pipe, str(tmp_path / "o"), records_per_shard=4)
+    assert again.stats["units_written"] == 0
+    assert tree(tmp_path / "o") == clean
+
+
+@pytest.mark.slow
+def test_an_s3_destination_sees_what_others_wrote_after_it_listed() -> None:
+    """Each rank's s3fs keeps a folder's listing for ever: a rank that had listed the unit
+    records missed (and failed to open) those other ranks wrote after, and waited for a
+    marker its owner had removed (before: every look now asks the store)."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed")
+    pytest.importorskip("moto.server", reason="moto's server mode is not installed")
+    from s3_server import KEY, REGION, SECRET, moto_server
+
+    from datapipes.write.destination import Destination
+
+    with moto_server() as endpoint:
+        options = {
+            "key": KEY, "secret": SECRET, "skip_instance_cache": True,  # a cache each
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": REGION},
+        }  # fmt: skip
+        mine = Destination("s3://write-listings/out", options)
+        theirs = Destination("s3://write-listings/out", options)
+        mine.fs.mkdir("write-listings")
+        theirs.publish(f"{META}/units/000000.json", b"{}")
+        assert mine.names(f"{META}/units") == ["000000.json"]  # a listing s3fs keeps
+        theirs.publish(f"{META}/units/000001.json", b"{}")
+        assert mine.read(f"{META}/units/000001.json") == b"{}"
+        assert mine.names(f"{META}/units") == ["000000.json", "000001.json"]
+        marker = theirs.mark_writing("000002")  # this process's pid: a live writer
+        assert mine.held_units(60) == {"000002"}
+        theirs.remove(marker)
+        assert mine.held_units(60) == set()
+
+
+def test_a_rank_that_starts_late_is_dealt_the_units_of_its_rank_not_of_what_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks deal all the units (the done ones skipped): a rank that starts once unit 0 is
+    done still gets units 1, 3, 5, 7 of 2 ranks (before: 2, 4, 6 of the 7 left, which the
+    early rank 0 also had, while 3, 5, 7 waited for the help phase)."""
+    import sys
+
+    from datapipes.write.unit import UnitWriter
+
+    write_module = sys.modules["datapipes.write"]  # dp.write, the function, hides the module
+
+    pipe = dp.range(80).map(countdown_sample)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean"), records_per_shard=6).url))
+    COUNTDOWN["left"] = 11  # unit 0 (10 records) written, then the job dies in unit 1
+    try:
+        with pytest.raises(RuntimeError, match="killed"):
+            dp.write(pipe, str(tmp_path / "o"), records_per_shard=6)
+    finally:
+        COUNTDOWN["left"] = None
+    log: list[Any] = []
+    write, help_ = UnitWriter.write, write_module._help
+
+    def logged_write(self: UnitWriter, unit: Any) -> Any:
+        log.append(unit.index)
+        return write(self, unit)
+
+    def logged_help(*args: Any) -> int:
+        log.append("help")
+        return help_(*args)
+
+    monkeypatch.setattr(UnitWriter, "write", logged_write)
+    monkeypatch.setattr(write_module, "_help", logged_help)
+    late = dp.write(pipe, str(tmp_path / "o"), records_per_shard=6, rank=1, world_size=2)
+    assert log[: log.index("help")] == [1, 3, 5, 7]
+    assert sorted(log[log.index("help") + 1 :]) == [2, 4, 6]  # rank 0's: it never came
+    assert late.stats["units_written"] == 7 and late.stats["units_found_done"] == 1
+    assert tree(tmp_path / "o") == clean

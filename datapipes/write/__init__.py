@@ -100,26 +100,32 @@ def write(
     destination = Destination(dest, storage_options)
     plan = make_plan(pipe, options)
     done = _existing(destination, plan, overwrite)
-    if done is not None:
+    if done is not None:  # written; a writer killed after the others returned left a temporary
+        destination.clean_dead(stale_seconds)
         return _with_stats(done, written=0, found=len(plan.units), started=started)
     destination.publish(PLAN, encode_json(_plan_record(plan)))
-    destination.clean_dead()
+    destination.clean_dead(stale_seconds)
     writer = UnitWriter(pipe, plan, destination.url, dict(storage_options or {}), stale_seconds)
     pending = [u.index for u in plan.units if read_unit_record(destination, plan, u) is None]
     found = len(plan.units) - len(pending)
     written = 0
     if pending:
         loader_options.setdefault("even_batches", False)  # a dead rank must not hang the rest
-        loader = Loader(from_sequence(pending).map(writer), seed, **loader_options)
+        # All the units are dealt, done or not (the writer skips those done): ranks that
+        # start apart see other units left, and a deal of those would differ between them.
+        units = from_sequence(range(len(plan.units))).map(writer)
+        loader = Loader(units, seed, **loader_options)
         try:
-            for _ in loader:
-                written += 1
+            for outcome in loader:
+                written += outcome["written"]
         except WorkerDiedError as error:  # the units left are written below, in this process
             warnings.warn(f"dp.write goes on without its DataLoader workers: {error}", stacklevel=2)
         finally:
             loader.close()
         written += _help(destination, plan, writer, loader.rank, loader.world_size, stale_seconds)
     _check_same_plan(destination, plan)
+    # Every unit is done: what dead writers left (their units were written again) goes.
+    destination.clean_dead(stale_seconds)
     manifest = _manifest(destination, plan)
     destination.publish(MANIFEST, encode_json(manifest.to_json()))
     return _with_stats(manifest, written=written, found=found, started=started)

@@ -9,6 +9,11 @@ completes, as those stores do (a writer killed mid-upload leaves nothing).
 A unit being written is marked (``_datapipes/writing/<unit>.<host>.<pid>``)
 so that another rank can tell a unit in progress from one abandoned by a
 dead writer; temporaries of dead writers are removed.
+
+Other processes write here too: every look (a read, a listing, a file's time)
+asks the store again instead of fsspec's listing cache (s3fs keeps a folder's
+listing for ever, and then misses, or even fails to open, what others wrote
+since).
 """
 
 from __future__ import annotations
@@ -83,21 +88,26 @@ class Destination:
             os.fsync(out.fileno())
         os.replace(temporary, final)  # atomic: readers see the old file or the new one
 
+    def _fresh(self, path: str) -> str:
+        """``path``, with what fsspec cached of it and its folders forgotten."""
+        self.fs.invalidate_cache(path)
+        return path
+
     def read(self, name: str) -> bytes | None:
         """The bytes of ``name``, or ``None`` if there is no such file."""
         try:
-            with self.fs.open(self.path(name), "rb") as source:
+            with self.fs.open(self._fresh(self.path(name)), "rb") as source:
                 return source.read()
         except FileNotFoundError:
             return None
 
     def exists(self, name: str) -> bool:
-        return bool(self.fs.exists(self.path(name)))
+        return bool(self.fs.exists(self._fresh(self.path(name))))
 
     def names(self, folder: str = "") -> list[str]:
         """The names of the files directly in ``folder`` (a path inside the destination)."""
         try:
-            entries = self.fs.ls(self.path(folder), detail=False)
+            entries = self.fs.ls(self._fresh(self.path(folder)), detail=False)
         except FileNotFoundError:
             return []
         return sorted(posixpath.basename(str(entry).rstrip("/")) for entry in entries)
@@ -123,24 +133,36 @@ class Destination:
         for marker in self.names(f"{META}/writing"):
             unit, _, owner = marker.partition(".")
             host, _, pid = owner.rpartition(".")
-            if host == self.host and pid.isdigit():
-                if not pid_alive(int(pid)):
-                    continue
-            try:
-                modified = self.fs.modified(self.path(f"{META}/writing", marker)).timestamp()
-            except (FileNotFoundError, NotImplementedError):
+            if host == self.host and pid.isdigit() and not pid_alive(int(pid)):
                 continue
-            if time.time() - modified < stale_seconds:
+            if not self._stale(f"{META}/writing/{marker}", stale_seconds):
                 held.add(unit)
         return held
 
-    def clean_dead(self) -> int:
-        """Remove the markers and temporaries of this host's dead writers; how many."""
+    def _stale(self, name: str, stale_seconds: float) -> bool:
+        """Whether ``name`` was not modified for ``stale_seconds`` (a vanished file is)."""
+        try:
+            modified = self.fs.modified(self._fresh(self.path(name))).timestamp()
+        except (FileNotFoundError, NotImplementedError):
+            return True
+        return time.time() - modified >= stale_seconds
+
+    def clean_dead(self, stale_seconds: float | None = None) -> int:
+        """Remove the markers and temporaries of this host's dead writers, and the markers
+        of other hosts' writers untouched for ``stale_seconds`` (their temporaries stay:
+        no pid tells whether they are dead); how many."""
         removed = 0
         for marker in self.names(f"{META}/writing"):
+            if marker.startswith("."):
+                continue  # a marker's temporary: below
             host, _, pid = marker.partition(".")[2].rpartition(".")
-            if host == self.host and pid.isdigit() and not pid_alive(int(pid)):
-                self.remove(f"{META}/writing/{marker}")
+            name = f"{META}/writing/{marker}"
+            if host == self.host and pid.isdigit():
+                dead = not pid_alive(int(pid))
+            else:
+                dead = stale_seconds is not None and self._stale(name, stale_seconds)
+            if dead:
+                self.remove(name)
                 removed += 1
         if self.renames:
             for folder, _, files in os.walk(self.root):

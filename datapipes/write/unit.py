@@ -79,10 +79,12 @@ class UnitWriter:
         return self._dest
 
     def __call__(self, index: int) -> dict[str, Any]:
-        """Write unit ``index`` unless it is done; its record."""
+        """Write unit ``index`` unless it is done; ``{"unit": index, "written": bool}``."""
         unit = self.plan.units[index]
-        done = read_unit_record(self.dest, self.plan, unit)
-        return done if done is not None else self.write(unit)
+        done = read_unit_record(self.dest, self.plan, unit) is not None
+        if not done:
+            self.write(unit)
+        return {"unit": index, "written": not done}
 
     def write(self, unit: Unit) -> dict[str, Any]:
         dest, options = self.dest, self.plan.options
