@@ -13,6 +13,10 @@ leaves whole lines): ``<epoch> <id>`` for every delivered record, ``done <rank> 
 kinds> saved=<n> refused=<n>`` at the end, or ``error <rank> <type>: <message>`` when the
 rank fails (its traceback goes to stderr, and it exits 3).
 
+A ``+`` line marks each item the rank got from its pipeline, just before its lease is
+written ahead of it (see :func:`mark_write_ahead`): a SIGKILLed rank whose ledger ends with
+a ``+`` died with an item in flight, which its lease may already count as delivered.
+
 A checkpoint (``ckpt/e<epoch>-<n>.pt``) holds the Loader state, its epoch and the ids this
 process delivered in that epoch before it: the deliveries the checkpoint keeps. A checkpoint
 asked while the rank reads a taken-over rank's units is refused
@@ -69,12 +73,35 @@ def start_together(store: Any, world_size: int) -> None:
         time.sleep(0.01)
 
 
+def mark_write_ahead(out: TextIO) -> None:
+    """Write ``+`` to the ledger for each item a lease is about to be written ahead of
+    (between the pipeline and ``Takeovers._written_ahead``, a private method: when it is
+    gone, nothing is marked and the driver cannot tell an item in flight)."""
+    from datapipes.takeover import Takeovers
+
+    original = getattr(Takeovers, "_written_ahead", None)
+    if original is None:
+        return
+
+    def marked(items: Any) -> Any:
+        for item in items:
+            out.write("+\n")
+            out.flush()
+            yield item
+
+    def written_ahead(self: Any, items: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(self, marked(items), *args, **kwargs)
+
+    Takeovers._written_ahead = written_ahead  # type: ignore[method-assign]
+
+
 def run(config: dict[str, Any], out: TextIO) -> None:
     rank = config["rank"]
     store = dist.TCPStore(
         "127.0.0.1", config["port"], is_master=False, wait_for_workers=False,
         timeout=timedelta(seconds=STORE_SECONDS),
     )  # fmt: skip
+    mark_write_ahead(out)
     loader = make_loader(config, store)
     if config["resume"]:
         loader.load_state_dict(dp.load_checkpoint(config["resume"]))
