@@ -17,7 +17,7 @@ from datapipes.resume import merge_states
 from datapipes.saving import load_checkpoint, save_checkpoint
 from datapipes.sources import from_sequence, range
 from datapipes.stats import PipelineStats, StepStats
-from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError
+from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError, UnfinishedEpochError
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from datapipes.version import package_version
@@ -54,6 +54,7 @@ __all__ = [
     "Topology",
     "TorchDataset",
     "UnevenDataWarning",
+    "UnfinishedEpochError",
     "WorkerDiedError",
     "WriteConflictError",
     "concat",

@@ -21,8 +21,15 @@ take the first rank over again (:meth:`Takeovers._published_work`); if it dies
 while reading a phase, the units it claimed there are in its published
 position, and its own taker publishes them as a phase of their own.
 
-Without a checkpoint, nothing is lost or repeated: every item is delivered
-once, by the rank that held its lease when it was delivered. A checkpoint of a
+Without a checkpoint, nothing is repeated: every item is delivered once, by
+the rank that held its lease when it was delivered. A fenced rank ends its
+epoch once the other ranks are through with it (its units among theirs); if
+one of them died too and no rank is left to take it over, it raises
+:class:`UnfinishedEpochError` instead, and the last checkpoint resumes the
+job exactly. An item counts as delivered when its position is written ahead,
+just before the training loop receives it: a rank killed between the two
+(one item at most) loses that item for this run; a stopped rank, which wakes
+to hold it, delivers it once. A checkpoint of a
 rank that is reading a takeover phase is refused (its position spans another
 rank's work); the ranks' next epoch checkpoints as usual.
 """
@@ -64,6 +71,10 @@ POLL_SECONDS = 0.05
 
 class LeaseTakenWarning(RuntimeWarning):
     """This rank's lease was taken over: another rank delivered the rest of its units."""
+
+
+class UnfinishedEpochError(RuntimeError):
+    """A rank holding units of the epoch went stale and no rank is left to take it over."""
 
 
 class TakeoverCheckpointError(RuntimeError):
@@ -189,6 +200,7 @@ class Takeovers:
                 LeaseTakenWarning,
                 stacklevel=2,
             )
+            self._until_the_others_end(spec)
         finally:
             lease.close()
             self.reading_phase = None
@@ -260,6 +272,35 @@ class Takeovers:
                 self._take(spec, watch, rank, raw)
             time.sleep(POLL_SECONDS)
             self._report["wait_seconds"] += time.perf_counter() - looked
+
+    def _until_the_others_end(self, spec: DispatchSpec) -> None:
+        """A fenced rank's end of the epoch: once every other rank is through (done, having
+        read every takeover, or taken over itself), so that its units, which another rank
+        delivers, are not lost in silence if that rank dies too with nobody left to take
+        it over: a rank that stays stale for two leases is an :class:`UnfinishedEpochError`
+        (the job resumes from its last checkpoint, exactly)."""
+        world_size = self.loader.setup().world_size
+        patience = 2 * self.lease_seconds
+        watch = LeaseWatch(self.client, spec.key, self.loader.rank, world_size, patience)
+        while True:
+            leases = watch.scan()
+            # This rank's lease is taken, so every rank still delivering reads one takeover
+            # more than the taken leases it sees.
+            phases = 1 + sum(1 for _, v in leases.values() if v and v["status"] == TAKEN)
+            waiting, stale = watch.pending(leases, phases)
+            if not waiting:
+                return
+            if stale:
+                ranks = ", ".join(str(rank) for rank, _ in stale)
+                raise UnfinishedEpochError(
+                    f"epoch {spec.epoch} cannot end: rank(s) {ranks} of dynamic dispatch "
+                    f"stopped renewing their lease {patience:g} s ago with units still to "
+                    f"deliver (some of them rank {self.loader.rank}'s, which was taken over), "
+                    "and no rank is left to take them over. The items they held were "
+                    "delivered by nobody: resume the job from its last checkpoint (on any "
+                    "number of ranks), which delivers each of them exactly once"
+                )
+            time.sleep(POLL_SECONDS)
 
     def _take(self, spec: DispatchSpec, watch: LeaseWatch, rank: int, raw: bytes) -> bool:
         """Take ``rank``'s lease over (if it still holds ``raw``) and publish its work;

@@ -597,3 +597,27 @@ def test_real_ranks_a_taker_that_dies_or_stops_leaves_its_work_to_the_others(
     assert read_out(outs[2])[1] == "done 2 LeaseTakenWarning"
     if how == "STOP":  # it woke up fenced: the work it had taken went to the survivor
         assert read_out(outs[taker])[1] == f"done {taker} LeaseTakenWarning"
+
+
+def test_a_fenced_rank_whose_taker_died_with_nobody_left_is_a_clear_error() -> None:
+    """Two ranks: rank 1 stalls, rank 0 takes it over and dies mid-way through its units.
+    Rank 1 wakes fenced: nobody is left to deliver the rest, so its epoch does not end
+    as if complete; it raises, naming rank 0 (the last checkpoint resumes exactly)."""
+    first, second = loaders(2)
+    stalled = iter(second)
+    for _ in range(30):
+        next(stalled)
+    stall(second)
+    taker = iter(first)
+    takeovers = first._takeovers
+    assert takeovers is not None
+    while takeovers.reading_phase != 1:  # its own units, then the wait, then rank 1's
+        next(taker)
+    for _ in range(3):
+        next(taker)
+    stall(first)  # rank 0 dies mid-way through rank 1's units
+    with warnings.catch_warnings(), pytest.raises(dp.UnfinishedEpochError, match=r"rank\(s\) 0"):
+        warnings.simplefilter("ignore", LeaseTakenWarning)
+        next(stalled)
+    for loader in (first, second):
+        loader.close()
