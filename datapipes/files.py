@@ -155,7 +155,9 @@ class FileList(DataPipe[str]):
         them, structs as dicts; an image column as the Hugging Face ``datasets``
         library stores it (``{"bytes": ..., "path": ...}``) is decoded by
         ``.decode()``. ``batch_size`` is the rows per block (per RecordBatch);
-        by default as many as hold about 8 MiB of encoded data, at most 65,536.
+        by default as many as hold about 8 MiB of encoded data, at most 65,536
+        (1,024 for dicts that hold lists or structs: fewer rows alive for the
+        garbage collector to scan).
 
         Positions are ``[row group, row]``: resume reads one row group, not the
         ones before it. Files fewer than consumers are split by row groups, and

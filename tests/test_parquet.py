@@ -7,6 +7,7 @@ row group, damaged pages), raised naming the file or skipped and counted."""
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import re
@@ -168,6 +169,23 @@ def test_rows_equal_to_pylist_for_other_types(tmp_path):
         run(dp.files(str(tmp_path / "t.parquet")).read_parquet())
         == pq.read_table(tmp_path / "t.parquet").to_pylist()
     )
+
+
+def test_blocks_of_nested_rows_are_small_and_the_collector_stays_on(tmp_path):
+    write_parquet(tmp_path, "t.parquet", table(3000), 3000)
+    loader = dp.Loader(dp.files(str(tmp_path / "t.parquet")).read_parquet())
+    it = iter(loader)
+    next(it)
+    node = json.loads(loader.state_dict()["ranks"]["0"]["node"])
+    assert (node["cursor"], node["index"]) == (None, 1)
+    for _ in range(1024):
+        next(it)
+    node = json.loads(loader.state_dict()["ranks"]["0"]["node"])
+    assert (node["cursor"], node["index"]) == ([0, 1024], 1)  # blocks of 1,024 rows
+    assert gc.isenabled()  # paused while a block is converted only
+    rows = run(dp.files(str(tmp_path / "t.parquet")).read_parquet(columns=["id", "text"]))
+    assert rows == table(3000).select(["id", "text"]).to_pylist()
+    assert gc.isenabled()
 
 
 def test_projection(tmp_path):
