@@ -714,3 +714,40 @@ def test_a_storage_failure_is_not_called_a_bad_file(tmp_path):
         with pytest.raises(OSError) as caught:
             list(it)
         assert not isinstance(caught.value, dp.BadRecordError)
+
+
+# ----- s3:// through s3fs against moto's server -------------------------------------------------
+
+
+def test_s3_reads_only_the_row_groups_of_its_part(tmp_path):
+    """Rank 1 of 2 asks for ranges from its first row group on (and the footer), nothing
+    before: pyarrow reads the footer, then only the row groups it needs."""
+    s3fs = pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from s3_server import KEY, REGION, SECRET, fault_proxy, moto_server
+
+    rng = np.random.default_rng(0)
+    t = pa.table({"id": range(80), "blob": [rng.bytes(4000) for _ in range(80)]})
+    data = parquet_bytes(t, 10, compression="none", use_dictionary=False)  # 8 row groups
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    half = min(meta.row_group(4).column(j).data_page_offset for j in range(2))
+    with moto_server() as endpoint, fault_proxy(endpoint) as proxy:
+        client = {"endpoint_url": proxy.url, "region_name": REGION}
+        options = {"key": KEY, "secret": SECRET, "client_kwargs": client}
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+        fs.mkdir("parquet-bucket")
+        fs.pipe("parquet-bucket/t.parquet", data)
+        proxy.reset()
+        files = dp.files("s3://parquet-bucket/*.parquet", block_size=1 << 14, **options)
+        try:
+            shares = [run(files.read_parquet(), rank=r, world_size=2) for r in range(2)]
+            assert shares[0] + shares[1] == t.to_pylist()
+            proxy.reset()
+            assert run(files.read_parquet(columns=["id"]), rank=1, world_size=2) == [
+                {"id": i} for i in range(40, 80)
+            ]
+            ranges = [r for _, method, path, _, r in proxy.log if method == "GET" and "t.p" in path]
+            starts = [int(r.removeprefix("bytes=").split("-")[0]) for r in ranges]
+            assert starts and min(starts) >= half, (half, len(data), ranges)
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()

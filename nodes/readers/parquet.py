@@ -155,19 +155,12 @@ class _Watched:
 class _Opened:
     """One Parquet file open: its footer read, its magic bytes and row counts known."""
 
-    def __init__(self, f: Any, url: str, *, check_head: bool, pre_buffer: bool = False) -> None:
+    def __init__(self, f: Any, url: str, *, pre_buffer: bool = False) -> None:
         self.pa, pq = import_pyarrow()
         self.url = url
+        self._f = f
         self.file = _Watched(f)
         self.size = self._storage(lambda: f.seek(0, io.SEEK_END), "size")
-        if check_head:
-            head = self._storage(lambda: (f.seek(0), f.read(4))[1], "byte offset 0")
-            if head != MAGIC:
-                raise BadRecordError(
-                    url,
-                    "byte offset 0",
-                    f"not a Parquet file: it starts with {head!r}, not {MAGIC!r}",
-                )
         try:
             # pre_buffer: a row group's column chunks read in few coalesced requests, for
             # remote files; on local disk and memory:// it measured 15% slower.
@@ -176,7 +169,22 @@ class _Opened:
             self.meta = self.pf.metadata
             self.rows = [self.meta.row_group(g).num_rows for g in range(self.meta.num_row_groups)]
         except Exception as error:  # noqa: BLE001 - sorted out by bad()
-            raise self.bad(error, "footer") from None
+            failure = self.bad(error, "footer")
+            if isinstance(failure, BadRecordError):
+                self.check_head()  # not a Parquet file at all: say so rather than "footer"
+            raise failure from None
+
+    def check_head(self) -> None:
+        """Refuse a file that does not start with Parquet's magic bytes (pyarrow checks
+        only the ones at the end)."""
+        f = self._f
+        head = self._storage(lambda: (f.seek(0), f.read(4))[1], "byte offset 0")
+        if head != MAGIC:
+            raise BadRecordError(
+                self.url,
+                "byte offset 0",
+                f"not a Parquet file: it starts with {head!r}, not {MAGIC!r}",
+            )
 
     def _storage(self, action: Callable[[], Any], where: str) -> Any:
         try:
@@ -301,7 +309,7 @@ class ParquetFormat(RecordFormat):
             raise InvalidStateError(path, "[row group, row]: two integers >= 0", cursor)
         try:
             with source.open(0) as f:
-                rows = _Opened(f, source.url, check_head=False).rows
+                rows = _Opened(f, source.url).rows
         except (OSError, BadRecordError):
             return  # unreadable now: the read reports it (or counts it under "skip")
         group, row = cursor
@@ -329,11 +337,16 @@ class ParquetFormat(RecordFormat):
                 "(Parquet compresses its pages itself): store it uncompressed",
             )
         with source.open(0) as f:
-            opened = _Opened(f, source.url, check_head=True, pre_buffer=source.can_stall)
+            remote = source.can_stall
+            opened = _Opened(f, source.url, pre_buffer=remote)
             ranges = part_ranges([max(0, n) for n in opened.rows], part, parts)
             first, begin = 0, None
             if cursor is not None:
                 first, begin = _locate(ranges, cursor, source.url)
+            if not remote or (ranges[first:] and ranges[first][0] == 0):
+                # Remote, only with row group 0, whose data follows the magic bytes: a
+                # consumer that reads later row groups downloads nothing before them.
+                opened.check_head()
             try:
                 fields = self._check_schema(opened)
                 leaves = opened.leaves(self.columns)
@@ -432,7 +445,7 @@ class ParquetFormat(RecordFormat):
         """The first file's fields, or ``None`` if it cannot be read (it reports itself)."""
         try:
             with source.open(0) as f:
-                return _Opened(f, source.url, check_head=False).fields(self.columns)
+                return _Opened(f, source.url).fields(self.columns)
         except (OSError, BadRecordError):
             return None
 
