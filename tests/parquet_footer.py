@@ -171,6 +171,18 @@ def column_meta(group: list[list[Any]], column: int) -> list[list[Any]]:
     return get_field(get_field(group, COLUMNS)[1][column], META_DATA)
 
 
+def read_struct(data: bytes, pos: int) -> tuple[list[list[Any]], int]:
+    """The struct at ``pos`` of ``data`` (a page header, a footer) and where it ends."""
+    reader = _Reader(data, pos)
+    return reader.struct(), reader.pos
+
+
+def write_struct(struct: list[list[Any]]) -> bytes:
+    writer = _Writer()
+    writer.struct(struct)
+    return bytes(writer.out)
+
+
 def edit_footer(data: bytes, edit: Callable[[list[list[Any]]], None]) -> bytes:
     """``data`` (a Parquet file) with its footer read, edited in place by ``edit``, written."""
     assert data[-4:] == b"PAR1", "not a Parquet file"

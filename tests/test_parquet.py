@@ -11,6 +11,7 @@ import gc
 import io
 import json
 import re
+import resource
 import subprocess
 import sys
 import uuid
@@ -38,12 +39,15 @@ from parquet_footer import (
     column_meta,
     edit_footer,
     get_field,
+    read_struct,
     row_groups,
     set_field,
+    write_struct,
 )
 
 import datapipes as dp
 from nodes import Context
+from nodes.decode import sniff_extension
 from nodes.errors import InvalidStateError
 from nodes.files import FileSet
 from nodes.readers import FileReaderNode, ParquetFormat
@@ -671,6 +675,47 @@ def test_damaged_pages_lose_their_row_group_and_the_next_is_read(tmp_path):
             fresh.load_state_dict(json.loads(json.dumps(first.state_dict())))
             assert head + ids(list(fresh)) == reference, stop
             assert fresh.losses() == loader.losses(), stop
+
+
+def test_a_page_claiming_2_gb_is_a_bad_record_and_is_not_allocated(tmp_path):
+    """A data page header (not the footer) claiming 2 GB once decompressed."""
+    data = parquet_bytes(pa.table({"a": list(range(1000))}), 1000, use_dictionary=False)
+    start = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0).column(0).data_page_offset
+    header, end = read_struct(data, start)
+    set_field(header, 2, 2**31 - 1)  # PageHeader.uncompressed_page_size
+    written = write_struct(header)
+    grown = len(written) - (end - start)
+    data = data[:start] + written + data[end:]
+
+    def longer_chunk(meta) -> None:
+        column = column_meta(row_groups(meta)[0], 0)
+        set_field(column, COMPRESSED, get_field(column, COMPRESSED) + grown)
+
+    path = _hostile(tmp_path, "page.parquet", edit_footer(data, longer_chunk))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(dp.BadRecordError, match=r"page\.parquet, row group 0.*2147483647"):
+        run(dp.files(str(path)).read_parquet())
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB
+
+
+@pytest.mark.parametrize(
+    ("head", "extension"),
+    [
+        (b"\xff\xd8\xff\xe0", "jpg"),
+        (b"\x89PNG\r\n\x1a\n", "png"),
+        (b"GIF89a", "gif"),
+        (b"RIFF\0\0\0\0WEBPVP8 ", "webp"),
+        (b"BM", "bmp"),
+        (b"II*\0", "tiff"),
+        (b"RIFF\0\0\0\0WAVEfmt ", "wav"),
+        (b"fLaC", "flac"),
+        (b"OggS", "ogg"),
+        (b"RIFF\0\0\0\0AVI ", None),
+        (b"", None),
+    ],
+)
+def test_stored_files_are_recognised_by_their_first_bytes(head, extension):
+    assert sniff_extension(head + b"\0" * 8) == extension
 
 
 def test_a_schema_that_differs_from_the_first_files_names_both(tmp_path):
