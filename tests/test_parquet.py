@@ -117,6 +117,13 @@ def http_server(tmp_path_factory):
         yield server
 
 
+@pytest.fixture(scope="module")
+def http_server_without_ranges(tmp_path_factory):
+    fsspec.asyn.get_loop()
+    with serve(tmp_path_factory.mktemp("served-whole"), ranges=False) as server:
+        yield server
+
+
 @pytest.fixture
 def memory_root(request) -> str:
     folder = f"/datapipes-parquet/{uuid.uuid4().hex}"
@@ -130,15 +137,17 @@ def memory_root(request) -> str:
     return f"memory://{folder}"
 
 
-@pytest.fixture(params=["local", "memory", "http"])
+@pytest.fixture(params=["local", "memory", "http", "http-no-ranges"])
 def where(request, tmp_path) -> tuple[str, str]:
-    """(root to write to, root readers read from)."""
+    """(root to write to, root readers read from); "http-no-ranges": a server that answers
+    every GET with the whole file, as ``python -m http.server`` does (read as a stream)."""
     if request.param == "local":
         return str(tmp_path), str(tmp_path)
     if request.param == "memory":
         root = request.getfixturevalue("memory_root")
         return root, root
-    server = request.getfixturevalue("http_server")
+    name = "http_server" if request.param == "http" else "http_server_without_ranges"
+    server = request.getfixturevalue(name)
     folder = uuid.uuid4().hex
     (server.root / folder).mkdir()
     return str(server.root / folder), f"{server.url}/{folder}"
@@ -150,7 +159,10 @@ def where(request, tmp_path) -> tuple[str, str]:
 def test_round_trip_ints_strings_lists_structs_nulls(where):
     write_root, read_root = where
     _, expected = two_files(write_root)
-    assert run(dp.files(f"{read_root}/p-*.parquet").read_parquet()) == expected
+    pipe = dp.files(f"{read_root}/p-*.parquet").read_parquet()
+    assert run(pipe) == expected
+    shares = [run(pipe, rank=r, world_size=5) for r in range(5)]  # split by row groups
+    assert sum(shares, []) == expected
 
 
 def test_rows_equal_to_pylist_for_other_types(tmp_path):
