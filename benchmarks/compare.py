@@ -1,6 +1,6 @@
 """Every workload side by side in one run: datapipes, hand-written baselines and peer libraries.
 
-Four workloads, each a set of implementations doing the same work with the same
+The workloads, each a set of implementations doing the same work with the same
 step functions (imported from the single-workload scripts next to this one):
 
 * ``overhead``: map -> filter -> batch(256) -> collate over N ints (``overhead.py``):
@@ -16,7 +16,11 @@ step functions (imported from the single-workload scripts next to this one):
   torch ``DataLoader`` (baseline), webdataset, datapipes; each with 0 and 2 workers;
 * ``resume``: time from ``load_state_dict`` to the first batch at 10% and at 90% of an
   epoch of one JSONL file (read -> json -> map -> batch(256)): ``datasets`` +
-  torchdata's ``StatefulDataLoader``, ``torchdata.nodes``, datapipes.
+  torchdata's ``StatefulDataLoader``, ``torchdata.nodes``, datapipes;
+* ``parquet``: every row of Parquet shards (``parquet_read.py``): a hand-written
+  ``pyarrow`` ``iter_batches`` loop making a dict per row with ``to_pylist`` (baseline),
+  ``datasets`` streaming, datapipes ``read_parquet()`` (dicts), and the record batches
+  themselves, hand-written and ``read_parquet(batches=True)``.
 
 Within a workload the implementations take turns in every repeat (the order
 reversed every other repeat) and the best of ``--repeats`` counts. Every pass is
@@ -69,12 +73,13 @@ import images_large  # noqa: E402
 import images_large_bench  # noqa: E402
 import jsonl_pipeline  # noqa: E402
 import overhead  # noqa: E402
+import parquet_read  # noqa: E402
 import peers  # noqa: E402
 import resume_cost  # noqa: E402
 import torch  # noqa: E402
 import workers_pipeline  # noqa: E402
 
-WORKLOADS = ("overhead", "jsonl", "images", "images_large", "resume")
+WORKLOADS = ("overhead", "jsonl", "images", "images_large", "resume", "parquet")
 WORKERS = 2
 RESUME_AT = (0.1, 0.9)
 PEERS = (
@@ -107,6 +112,8 @@ class Sizes:
     large_shards: int = 4  # ~100 MB each
     large_per_shard: int = 800
     large_batch: int = 256
+    parquet_rows: int = 400_000
+    parquet_shards: int = 8
 
 
 QUICK = Sizes(
@@ -119,6 +126,8 @@ QUICK = Sizes(
     large_shards=2,
     large_per_shard=12,
     large_batch=8,
+    parquet_rows=20_000,
+    parquet_shards=2,
 )
 
 
@@ -478,12 +487,35 @@ def resume_once(
     return seconds, tuple(batch["id"].tolist()), None
 
 
+def parquet_rows(sizes: Sizes, workdir: Path) -> tuple[list[Row], int]:
+    directory = workdir / f"parquet-{sizes.parquet_rows}x{sizes.parquet_shards}"
+    made, failure = generate(
+        parquet_read.generate_shards, directory, sizes.parquet_rows, sizes.parquet_shards
+    )
+    paths = [str(directory / name) for name in made["files"]] if made else []
+    pattern = str(directory / "train-*.parquet")
+    records = made["records"] if made else 0
+    expected = (records, records * (records - 1) // 2)
+    rows = [
+        Row(
+            "parquet",
+            name,
+            timed_pass(partial(make, paths, pattern), parquet_read.keep, parquet_read.digest),
+            baseline=baseline,
+            expected=expected,
+        )
+        for name, make, baseline in parquet_read.CONTENDERS
+    ]
+    return skip_all(rows, failure), records
+
+
 BUILDERS = {
     "overhead": (overhead_rows, "ints"),
     "jsonl": (jsonl_rows, "records"),
     "images": (image_rows, "images"),
     "images_large": (images_large_rows, "images"),
     "resume": (resume_rows, "records"),
+    "parquet": (parquet_rows, "rows"),
 }
 FINISH = {"images_large": finish_images_large}
 
@@ -493,6 +525,7 @@ TITLES = {
     "images": "tar shards -> JPEG decode -> resize/normalize -> batch(64), {n:,} images",
     "images_large": images_large_bench.TITLE,
     "resume": "resume on one JSONL file of {n:,} records (read -> json -> map -> batch(256))",
+    "parquet": "every row of Parquet shards ({n:,} rows of id, text, label, 8 floats)",
 }
 
 
@@ -623,6 +656,7 @@ def goals(results: dict[str, tuple[list[Row], int]]) -> list[str]:
     for workload, peer, ours_name, target in (
         ("overhead", "torchdata.nodes", "datapipes", 2.0),
         ("jsonl", "HF datasets (streaming)", "datapipes (0 workers)", 5.0),
+        ("parquet", parquet_read.HF, parquet_read.DP_ROWS, 5.0),
     ):
         theirs, mine = best(workload, peer), best(workload, ours_name)
         speedup = theirs.best / mine.best if theirs and mine else None

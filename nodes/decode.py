@@ -248,7 +248,13 @@ class SampleDecoder:
         out = dict(sample)
         for field, value in sample.items():
             decode = self.decoder_for(field)
-            if decode is None or not isinstance(value, bytes | bytearray | memoryview):
+            if not isinstance(value, bytes | bytearray | memoryview):
+                if type(value) is not dict or value.keys() != _STORED_KEYS:
+                    continue
+                # A file stored in a column as Hugging Face datasets stores Image and Audio
+                # features (read_parquet): {"bytes": ..., "path": ...}.
+                decode, value = self.stored_decoder(field, value)
+            if decode is None:
                 continue
             try:
                 out[field] = decode(value)
@@ -257,6 +263,32 @@ class SampleDecoder:
             except Exception as cause:  # noqa: BLE001 - any decoder failure is a bad record
                 return self.bad_field(sample, field, cause)
         return out
+
+    def stored_decoder(self, field: str, stored: dict[str, Any]) -> tuple[Decoder | None, Any]:
+        """The decoder and bytes of a file stored as ``{"bytes": ..., "path": ...}`` in
+        ``field`` (``None``: left as it is).
+
+        The decoder is the field's own (``decoders={"image": fn}``), else the one
+        of the path's extension (``"0001.png"``), else (no path, or an extension
+        without a decoder) the one of the image or audio format its first bytes
+        show (JPEG, PNG, GIF, WebP, BMP, TIFF, WAV, FLAC, Ogg). The field becomes
+        the decoded value (the path is dropped, as ``datasets`` decodes it).
+        """
+        data = stored["bytes"]
+        if field.startswith("__") or not isinstance(data, bytes | bytearray | memoryview):
+            return None, data  # no bytes (a path to a file elsewhere): left as it is
+        found = self.decoder_for(field)
+        if found is not None:
+            return found, data
+        path = stored["path"]
+        name = path.replace("\\", "/").rsplit("/", 1)[-1] if isinstance(path, str) else ""
+        extension = name.split(".", 1)[1].lower() if "." in name.strip(".") else ""
+        # The table's own decoders of extensions, whatever a subclass leaves out by field.
+        found = SampleDecoder.decoder_for(self, extension) if extension else None
+        if found is None:
+            sniffed = sniff_extension(data)
+            found = SampleDecoder.decoder_for(self, sniffed) if sniffed else None
+        return found, data
 
     def bad_field(self, sample: dict[str, Any], field: str, cause: Exception) -> BadSample:
         """Raise the error for ``field`` of ``sample`` (``"raise"``), or return it as a
@@ -269,6 +301,35 @@ class SampleDecoder:
         if not self.errors.skip:
             raise error from cause
         return BadSample(error)
+
+
+_STORED_KEYS = frozenset({"bytes", "path"})  # a file in a column, as HF datasets stores it
+
+#: First bytes of the image and audio formats decode() knows, and their extensions.
+_SIGNATURES = (
+    (0, b"\xff\xd8\xff", "jpg"),
+    (0, b"\x89PNG\r\n\x1a\n", "png"),
+    (0, b"GIF87a", "gif"),
+    (0, b"GIF89a", "gif"),
+    (8, b"WEBP", "webp"),  # after b"RIFF" and a size
+    (0, b"BM", "bmp"),
+    (0, b"II*\x00", "tiff"),
+    (0, b"MM\x00*", "tiff"),
+    (8, b"WAVE", "wav"),
+    (0, b"fLaC", "flac"),
+    (0, b"OggS", "ogg"),
+)
+
+
+def sniff_extension(data: bytes | bytearray | memoryview) -> str | None:
+    """The extension of the image or audio format ``data`` starts like, or ``None``."""
+    head = bytes(data[:16])
+    for offset, signature, extension in _SIGNATURES:
+        if head[offset : offset + len(signature)] == signature:
+            if offset == 8 and head[:4] != b"RIFF":
+                continue
+            return extension
+    return None
 
 
 class SettleBadSamples:

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPARE = ROOT / "benchmarks" / "compare.py"
 sys.path.append(str(ROOT / "benchmarks"))  # appended: shadows nothing the other tests import
 import images_large_bench  # noqa: E402  (the row names of images_large in quick mode)
+import parquet_read  # noqa: E402  (the row names of parquet)
 
 THROUGHPUT_ROWS = {
     "overhead": [
@@ -42,6 +43,7 @@ THROUGHPUT_ROWS = {
         for name in ("hand-written in torch DataLoader", "webdataset", "datapipes")
     ],
     "images_large": [name for name, _, _ in images_large_bench.contenders(quick=True)],
+    "parquet": [name for name, _, _ in parquet_read.CONTENDERS],
 }
 RESUME_ROWS = ["HF datasets + StatefulDataLoader", "torchdata.nodes", "datapipes"]
 RATIO = re.compile(r"^\**\d+\.\d\dx\**$")
@@ -131,7 +133,8 @@ def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) ->
 
     large_ours = [n for n in THROUGHPUT_ROWS["images_large"] if n.startswith("datapipes")]
     goals = markdown.split("## Goals\n", 1)[1].strip().splitlines()
-    assert len(goals) == 8 + len(large_ours) + 3, goals  # images_large: vs baseline + 3 goals
+    # images_large: vs baseline + 3 goals; parquet: 2 vs baselines + 5x HF streaming
+    assert len(goals) == 8 + len(large_ours) + 3 + 3, goals
     assert all(re.match(r"^- (PASS|MISS|n/a) ", goal) for goal in goals), goals
 
 

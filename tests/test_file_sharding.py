@@ -200,6 +200,23 @@ def write_bytes(folder: Path, sizes: list[int], block: int) -> Dataset:
     return Dataset(urls, expected, lambda f: f.read_bytes())
 
 
+def write_parquet(folder: Path, sizes: list[int], block: int) -> Dataset:
+    """Parquet files in row groups of 6 rows (the last one shorter), read in blocks of
+    ``block`` rows: files split by row groups, and by rows inside one for 9 consumers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    urls, expected = [], []
+    for i, n in enumerate(sizes):
+        rows = [{"id": f"{i}-{j}", "file": i, "pad": _pad(i, j)} for j in range(n)]
+        schema = pa.schema([("id", pa.string()), ("file", pa.int64()), ("pad", pa.string())])
+        path = folder / f"part-{i:02d}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, row_group_size=6)
+        urls.append(str(path))
+        expected += rows
+    return Dataset(urls, expected, lambda f: f.read_parquet(batch_size=block))
+
+
 WRITERS: dict[str, Callable[[Path, list[int], int], Dataset]] = {
     "lines": write_lines,
     "jsonl": write_jsonl,
@@ -209,6 +226,7 @@ WRITERS: dict[str, Callable[[Path, list[int], int], Dataset]] = {
     "tar": write_tar,
     "bytes": write_bytes,
     "npy_whole": partial(write_npy, rows=False),
+    "parquet": write_parquet,
 }
 
 # Record counts per file. Block sizes are small and odd, so splits and block cuts fall
@@ -274,7 +292,7 @@ def test_loader_ranks_read_every_record_exactly_once(tmp_path: Path, reader: str
         assert multiset(got) == multiset(data.expected), world_size
 
 
-@pytest.mark.parametrize("reader", ["lines", "jsonl", "csv", "npy_rows", "tar"])
+@pytest.mark.parametrize("reader", ["lines", "jsonl", "csv", "npy_rows", "tar", "parquet"])
 def test_a_split_file_gives_every_consumer_a_share(tmp_path: Path, reader: str):
     """With fewer files than consumers the files are split: nobody reads a whole file."""
     data = WRITERS[reader](tmp_path, [40], BLOCK)
@@ -439,7 +457,7 @@ def test_file_shuffle_through_loader_ranks_is_exact_every_epoch(tmp_path: Path):
 
 # ----- resume with split files -----------------------------------------------------------------
 
-RESUMABLE = ["lines", "jsonl", "jsonl.gz", "csv", "npy_rows", "tar"]
+RESUMABLE = ["lines", "jsonl", "jsonl.gz", "csv", "npy_rows", "tar", "parquet"]
 
 
 def _roundtrip(state: Any) -> Any:

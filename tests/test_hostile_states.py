@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import datapipes as dp
@@ -107,6 +109,9 @@ def _files(root: Path) -> dict[str, str]:
     write_npy(root, "a1.npy", random_array((7, 3), np.int32, 2))
     write_tar(root, "s0.tar", tar_samples(70, 0))
     write_tar(root, "s1.tar", tar_samples(6, 1, start=70))
+    table = pa.table({"i": list(range(23)), "s": [str(i) for i in range(23)]})
+    pq.write_table(table.slice(0, 15), f"{root}/p0.parquet", row_group_size=4)
+    pq.write_table(table.slice(15), f"{root}/p1.parquet", row_group_size=4)
     return {"root": str(root)}
 
 
@@ -126,6 +131,7 @@ def zoo(root: str) -> dict[str, Recipe]:
         "file_list": (jsonl, {}, 1),
         "read_csv": (dp.files(f"{root}/t0.csv").read_csv(block_size=200), {}, 13),
         "read_npy": (dp.files(f"{root}/a*.npy").read_npy(), {}, 10),
+        "read_parquet": (dp.files(f"{root}/p*.parquet").read_parquet(batch_size=3), {}, 13),
         "read_tar_decode": (dp.files(f"{root}/s*.tar").read_tar().decode(), {}, 66),
         "map_filter": (dp.range(40).map(_plus_one).filter(_is_even), {}, 6),
         "flat_map": (dp.range(20).filter(_is_even).flat_map(_twice), {}, 7),

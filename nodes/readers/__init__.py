@@ -5,6 +5,7 @@ from nodes.readers.format import RecordFormat
 from nodes.readers.jsonl import JsonLinesFormat
 from nodes.readers.lines import LineFormat
 from nodes.readers.npy import NpyFormat
+from nodes.readers.parquet import ParquetFormat
 from nodes.readers.raw import BytesFormat
 from nodes.readers.reader import FileReaderNode
 from nodes.readers.tar import TarFormat
@@ -16,6 +17,7 @@ __all__ = [
     "JsonLinesFormat",
     "LineFormat",
     "NpyFormat",
+    "ParquetFormat",
     "RecordFormat",
     "TarFormat",
 ]

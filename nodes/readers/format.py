@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from nodes.errors import ErrorPolicy, InvalidStateError
 from nodes.storage import SourceFile
+
+if TYPE_CHECKING:
+    from nodes.files import FileSet
 
 Cursor = Any  # plain data (int, list of ints, dict) marking the start of a block
 
@@ -27,6 +30,15 @@ class RecordFormat:
 
     name = "read"
     splittable = True
+
+    def bind(self, files: FileSet) -> None:
+        """Called once by the reader as it is built, with the files it reads.
+
+        A format imports what it needs here (a missing optional library is an
+        ``ImportError`` naming the extra, when the pipeline is built) and keeps
+        what it compares files with (``read_parquet``: the listing's first file's
+        schema). Nothing is listed or opened yet. The default does nothing.
+        """
 
     def blocks(
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy

@@ -51,6 +51,9 @@ class FileReaderNode(Node):
         super().__init__()
         self._files = files
         self._format = fmt
+        bind = getattr(fmt, "bind", None)  # a format of the user's may predate the hook
+        if bind is not None:
+            bind(files)  # an optional library missing: an ImportError naming it, now
         self._ctx = ctx
         self.errors = ErrorPolicy(on_error, step or fmt.name)
         # Remaining files of a format that cannot split one are dealt whole (nodes.elastic).
