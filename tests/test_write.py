@@ -506,3 +506,18 @@ def test_a_rank_that_starts_late_is_dealt_the_units_of_its_rank_not_of_what_is_l
     assert sorted(log[log.index("help") + 1 :]) == [2, 4, 6]  # rank 0's: it never came
     assert late.stats["units_written"] == 7 and late.stats["units_found_done"] == 1
     assert tree(tmp_path / "o") == clean
+
+
+def test_parquet_written_reads_back_through_read_parquet(tmp_path: Path) -> None:
+    manifest = dp.write(
+        dp.range(40).map(sample), str(tmp_path / "o"), format="parquet", records_per_shard=15
+    )
+    back = list(dp.Loader(manifest.files().read_parquet()))
+    assert back == [sample(i) for i in range(40)]
+    resumed_from = dp.Loader(manifest.files().read_parquet())
+    it = iter(resumed_from)
+    first = [next(it) for _ in range(17)]
+    state = resumed_from.state_dict()
+    rest = dp.Loader(manifest.files().read_parquet())
+    rest.load_state_dict(state)
+    assert first + list(rest) == back

@@ -144,7 +144,7 @@ class ParquetFormat(ShardFormat):
             import pyarrow  # noqa: F401
         except ImportError as error:
             raise ImportError(
-                "format='parquet' needs pyarrow: pip install 'datapipes[parquet]'"
+                "format='parquet' needs pyarrow: pip install 'datapipes-torch[parquet]'"
             ) from error
 
     def encode(self, records: Sequence[Any], keys: Sequence[str]) -> bytes:
