@@ -65,7 +65,7 @@ class Destination:
         return f"{self.url}/{name}"
 
     # ----- files that appear complete ----------------------------------------------------------
-    def publish(self, name: str, data: bytes) -> None:
+    def publish(self, name: str, data: bytes | memoryview) -> None:
         """Write ``data`` as ``name`` (a path inside the destination), all or nothing."""
         final = self.path(name)
         self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
