@@ -398,3 +398,28 @@ def test_parquet_shards_are_the_bytes_of_from_pylist() -> None:
     assert ParquetFormat().encode(records, []) == buffer.getvalue()
     with pytest.raises(TypeError, match="holds dicts"):
         ParquetFormat().encode([*records, 5], [])
+
+
+def test_a_shard_that_fails_to_publish_fails_its_unit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # shards are published on a thread of the writer's: its error is the unit's
+    from datapipes.write.destination import Destination
+
+    pipe = dp.range(40).map(sample)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean"), format="tar").url))
+    publish = Destination.publish
+
+    def failing(self: Destination, name: str, data: bytes | memoryview) -> None:
+        if name == "shard-000002-0000.tar":
+            raise OSError("disk full")
+        publish(self, name, data)
+
+    monkeypatch.setattr(Destination, "publish", failing)
+    with pytest.raises(OSError, match="disk full"):
+        dp.write(pipe, str(tmp_path / "o"), format="tar")
+    assert not list((tmp_path / "o" / META / "writing").iterdir())  # its marker went with it
+    assert not (tmp_path / "o" / META / "units" / "000002.json").exists()
+    monkeypatch.setattr(Destination, "publish", publish)
+    dp.write(pipe, str(tmp_path / "o"), format="tar")
+    assert tree(tmp_path / "o") == clean
