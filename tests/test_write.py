@@ -344,11 +344,17 @@ def tarfile_shard(records: list[dict[str, Any]], keys: list[str]) -> bytes:
 TAR_KEYS = ["s1", "dir/é-ü", "k" * 95, "k" * 96, "d/" + "x" * 120, "ü" * 60, "日本" * 20]
 
 
+@pytest.mark.parametrize("run", [1 << 20, 700])  # bytes of members written at a time
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 19])
-def test_tar_shards_are_the_bytes_tarfile_writes(count: int) -> None:
+def test_tar_shards_are_the_bytes_tarfile_writes(
+    count: int, run: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import numpy as np
 
+    from datapipes.write import formats
     from datapipes.write.formats import TarFormat
+
+    monkeypatch.setattr(formats, "_RUN", run)
 
     records = [
         {
@@ -403,23 +409,25 @@ def test_parquet_shards_are_the_bytes_of_from_pylist() -> None:
 def test_a_shard_that_fails_to_publish_fails_its_unit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # shards are published on a thread of the writer's: its error is the unit's
-    from datapipes.write.destination import Destination
+    # shards are committed (fsynced, hashed, renamed) on a thread of the writer's: its
+    # error is the unit's, and the shard's temporary file goes
+    from datapipes.write.destination import NewFile
 
     pipe = dp.range(40).map(sample)
     clean = tree(Path(dp.write(pipe, str(tmp_path / "clean"), format="tar").url))
-    publish = Destination.publish
+    commit = NewFile.commit
 
-    def failing(self: Destination, name: str, data: bytes | memoryview) -> None:
-        if name == "shard-000002-0000.tar":
+    def failing(self: NewFile, digest: bool = True) -> tuple[int, str]:
+        if self.final.endswith("shard-000002-0000.tar"):
             raise OSError("disk full")
-        publish(self, name, data)
+        return commit(self, digest)
 
-    monkeypatch.setattr(Destination, "publish", failing)
+    monkeypatch.setattr(NewFile, "commit", failing)
     with pytest.raises(OSError, match="disk full"):
         dp.write(pipe, str(tmp_path / "o"), format="tar")
     assert not list((tmp_path / "o" / META / "writing").iterdir())  # its marker went with it
     assert not (tmp_path / "o" / META / "units" / "000002.json").exists()
-    monkeypatch.setattr(Destination, "publish", publish)
+    assert not [p.name for p in (tmp_path / "o").iterdir() if ".tmp-" in p.name]
+    monkeypatch.setattr(NewFile, "commit", commit)
     dp.write(pipe, str(tmp_path / "o"), format="tar")
     assert tree(tmp_path / "o") == clean

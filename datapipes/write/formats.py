@@ -15,7 +15,7 @@ import io
 import json
 import tarfile
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -28,10 +28,15 @@ class ShardFormat:
     #: Whether :meth:`encode` reads ``keys`` (else it is given none).
     keyed = False
 
-    def encode(self, records: Sequence[Any], keys: Sequence[str]) -> bytes | memoryview:
-        """The shard holding ``records`` (bytes, or a bytes-like ``memoryview``); ``keys``: a
-        default key for each (their unit and index), for formats whose records need one."""
+    def encode(self, records: Sequence[Any], keys: Sequence[str]) -> bytes:
+        """The shard holding ``records``; ``keys``: a default key for each (their unit and
+        index), for formats whose records need one."""
         raise NotImplementedError
+
+    def write(self, records: Sequence[Any], keys: Sequence[str], out: IO[bytes]) -> None:
+        """Write the shard :meth:`encode` gives to the binary file ``out`` (a format that
+        can write it in parts does, so that no whole shard is held in memory)."""
+        out.write(self.encode(records, keys))
 
     def size_of(self, record: Any) -> int:
         """About the bytes ``record`` adds to a shard (``bytes_per_shard`` counts these)."""
@@ -93,6 +98,7 @@ def _member_bytes(field: str, value: Any) -> bytes:
 
 
 _NUL = bytes(tarfile.BLOCKSIZE)
+_RUN = 1 << 20  # bytes of members a tar shard is written in at a time
 _TAR_ENCODING, _TAR_ERRORS = tarfile.ENCODING, "surrogateescape"  # a TarFile's defaults
 
 
@@ -156,11 +162,16 @@ class TarFormat(ShardFormat):
     keyed = True
 
     def encode(self, records: Sequence[Any], keys: Sequence[str]) -> bytes:
+        buffer = io.BytesIO()
+        self.write(records, keys, buffer)
+        return buffer.getvalue()
+
+    def write(self, records: Sequence[Any], keys: Sequence[str], out: IO[bytes]) -> None:
         # The bytes tarfile.open(mode="w", format=GNU_FORMAT) and addfile would write, with
         # each header made by _member_header (tarfile's own work per member is most of the
-        # cost of a shard) and the shard joined once instead of copied through a BytesIO.
+        # cost of a shard), written in runs of members joined up to about _RUN bytes.
         parts: list[bytes] = []
-        size = 0
+        size = run = 0
         for record, default_key in zip(records, keys, strict=True):
             if not isinstance(record, dict):
                 raise TypeError(
@@ -178,10 +189,14 @@ class TarFormat(ShardFormat):
                 header = _member_header(f"{key}.{field}", len(data))
                 padding = -len(data) % tarfile.BLOCKSIZE
                 parts += (header, data, _NUL[:padding])
-                size += len(header) + len(data) + padding
-        size += 2 * tarfile.BLOCKSIZE  # the end: two zero blocks, then zeros to a whole record
+                run += len(header) + len(data) + padding
+            if run >= _RUN:
+                out.write(b"".join(parts))
+                size, run = size + run, 0
+                parts.clear()
+        size += run + 2 * tarfile.BLOCKSIZE  # the end: two zero blocks, then zeros to a record
         parts.append(bytes(2 * tarfile.BLOCKSIZE + -size % tarfile.RECORDSIZE))
-        return b"".join(parts)
+        out.write(b"".join(parts))
 
     def size_of(self, record: Any) -> int:
         if not isinstance(record, dict):
@@ -208,7 +223,12 @@ class ParquetFormat(ShardFormat):
                 "format='parquet' needs pyarrow: pip install 'datapipes[parquet]'"
             ) from error
 
-    def encode(self, records: Sequence[Any], keys: Sequence[str]) -> bytes | memoryview:
+    def encode(self, records: Sequence[Any], keys: Sequence[str]) -> bytes:
+        buffer = io.BytesIO()
+        self.write(records, keys, buffer)
+        return buffer.getvalue()
+
+    def write(self, records: Sequence[Any], keys: Sequence[str], out: IO[bytes]) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -223,9 +243,7 @@ class ParquetFormat(ShardFormat):
         # lists and numbers, converted only in the columns that hold any.
         names = list(records[0]) if records else []
         columns = [_column([record.get(name) for record in records]) for name in names]
-        sink = pa.BufferOutputStream()  # not a BytesIO: no copy of the shard through Python
-        pq.write_table(pa.Table.from_arrays(columns, names), sink)
-        return memoryview(sink.getvalue()).cast("B")
+        pq.write_table(pa.Table.from_arrays(columns, names), out)
 
 
 def _column(values: list[Any]) -> list[Any]:

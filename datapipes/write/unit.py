@@ -6,14 +6,14 @@ before it, each complete or absent. A writer killed anywhere leaves either
 the record (done) or no record (the unit is written again, and its shards,
 the same bytes under the same names, replace whatever it had published).
 
-A shard is hashed and published (written, fsynced, renamed) on a thread of
-the writer's while the next one is read and encoded: hashing and file I/O
-release the GIL, so a write's disk time and its hashing overlap its encoding.
+A shard is written to its temporary file as it is encoded (no whole shard in
+memory), then fsynced, hashed (read back from the page cache) and renamed on
+a thread of the writer's while the next one is read and encoded: hashing and
+file I/O release the GIL, so they overlap the encoding where a core is free.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from datapipes.pipe import DataPipe
-from datapipes.write.destination import META, Destination
+from datapipes.write.destination import META, Destination, NewFile
 from datapipes.write.formats import ShardFormat, shard_format
 from datapipes.write.plan import Unit, WritePlan
 
@@ -96,7 +96,7 @@ class UnitWriter:
         fmt = self._format
         marker = dest.mark_writing(unit.name)
         touched = time.monotonic()
-        publisher = _Publisher(dest)
+        publisher = _Publisher()
         records: list[Any] = []
         size = 0
         count = 0  # records of the unit in earlier shards
@@ -110,7 +110,13 @@ class UnitWriter:
             if fmt.keyed:
                 prefix = f"{unit.name}-"
                 keys = [f"{prefix}{i:08d}" for i in range(count, count + len(records))]
-            publisher.put(name, fmt.encode(records, keys), len(records))
+            shard = dest.create(name)
+            try:
+                fmt.write(records, keys, shard.file)
+            except BaseException:
+                shard.discard()
+                raise
+            publisher.put(name, shard, len(records))
             count += len(records)
             records, size = [], 0
 
@@ -151,27 +157,35 @@ class UnitWriter:
 
 
 class _Publisher:
-    """Publishes one unit's shards in order on a thread of its own (see the module doc);
-    one shard at a time, so that at most two are in memory (one published, one built)."""
+    """Publishes one unit's shards in order on a thread of its own (see the module doc):
+    each written to its file by the unit's writer, then fsynced, hashed (read back from
+    the page cache) and renamed here while the next one is written."""
 
-    def __init__(self, dest: Destination) -> None:
-        self.dest = dest
+    def __init__(self) -> None:
         self.entries: list[dict[str, Any]] = []
         self.shards = 0  # shards put so far
         self._pending: Future[dict[str, Any]] | None = None
         self._pool: ThreadPoolExecutor | None = None
 
-    def put(self, name: str, data: bytes | memoryview, records: int) -> None:
-        self._wait()
+    def put(self, name: str, shard: NewFile, records: int) -> None:
+        try:
+            self._wait()
+        except BaseException:
+            shard.discard()
+            raise
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="datapipes-write")
-        self._pending = self._pool.submit(self._publish, name, data, records)
+        self._pending = self._pool.submit(self._publish, name, shard, records)
         self.shards += 1
 
-    def _publish(self, name: str, data: bytes | memoryview, records: int) -> dict[str, Any]:
-        self.dest.publish(name, data)
-        digest = hashlib.sha256(data).hexdigest()
-        return {"name": name, "records": records, "bytes": len(data), "sha256": digest}
+    @staticmethod
+    def _publish(name: str, shard: NewFile, records: int) -> dict[str, Any]:
+        try:
+            size, digest = shard.commit()
+        except BaseException:
+            shard.discard()
+            raise
+        return {"name": name, "records": records, "bytes": size, "sha256": digest}
 
     def _wait(self) -> None:
         if self._pending is not None:
