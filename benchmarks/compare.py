@@ -21,6 +21,11 @@ step functions (imported from the single-workload scripts next to this one):
   ``pyarrow`` ``iter_batches`` loop making a dict per row with ``to_pylist`` (baseline),
   ``datasets`` streaming, datapipes ``read_parquet()`` (dicts), and the record batches
   themselves, hand-written and ``read_parquet(batches=True)``.
+* ``write_tar``, ``write_parquet``: 100,000 records (a 2-6 KB JPEG-like image and a
+  caption) written as shards of 2,000 records to local disk, until the files are on
+  disk (``write_compare.py``): a hand-written ``tarfile`` / ``pyarrow`` loop
+  (baseline), webdataset's ``ShardWriter`` and litdata's ``optimize()`` (tar only),
+  ``dp.write`` with 0 and 2 DataLoader workers.
 
 Within a workload the implementations take turns in every repeat (the order
 reversed every other repeat) and the best of ``--repeats`` counts. Every pass is
@@ -78,8 +83,12 @@ import peers  # noqa: E402
 import resume_cost  # noqa: E402
 import torch  # noqa: E402
 import workers_pipeline  # noqa: E402
+import write_compare  # noqa: E402
 
-WORKLOADS = ("overhead", "jsonl", "images", "images_large", "resume", "parquet")
+WORKLOADS = (
+    "overhead", "jsonl", "images", "images_large", "resume", "parquet", "write_tar",
+    "write_parquet",
+)  # fmt: skip
 WORKERS = 2
 RESUME_AT = (0.1, 0.9)
 PEERS = (
@@ -92,6 +101,7 @@ PEERS = (
     "simplejpeg",
     "numpy",
     "pyarrow",
+    "litdata",
 )
 RATIO_NOTE = (
     "vs baseline = the baseline's best time / this row's best time: "
@@ -114,6 +124,8 @@ class Sizes:
     large_batch: int = 256
     parquet_rows: int = 400_000
     parquet_shards: int = 8
+    write_records: int = 100_000
+    write_per_shard: int = 2_000  # dp.write's units here are 10,000 records: whole shards
 
 
 QUICK = Sizes(
@@ -128,6 +140,8 @@ QUICK = Sizes(
     large_batch=8,
     parquet_rows=20_000,
     parquet_shards=2,
+    write_records=400,
+    write_per_shard=50,  # dp.write's units: 400 / 8 = 50 records
 )
 
 
@@ -509,6 +523,45 @@ def parquet_rows(sizes: Sizes, workdir: Path) -> tuple[list[Row], int]:
     return skip_all(rows, failure), records
 
 
+def write_rows(fmt: str) -> Callable[[Sizes, Path], tuple[list[Row], int]]:
+    """The builder of the ``write_<fmt>`` workload (``write_compare.py``)."""
+
+    def build(sizes: Sizes, workdir: Path) -> tuple[list[Row], int]:
+        workload = f"write_{fmt}"
+        records, failure = generate(write_compare.cached_records, sizes.write_records)
+        info = write_compare.Info(sizes.write_records, sizes.write_per_shard)
+        write_compare.INFO[workload] = info
+        TITLES[workload] = write_compare.title(fmt, sizes.write_per_shard)
+        expected = write_compare.expected(records) if records else None
+        folder = workdir / "written"
+        folder.mkdir(parents=True, exist_ok=True)
+        contenders = write_compare.contenders(fmt)
+        baseline = contenders[0][0]
+        rows = [
+            Row(
+                workload,
+                name,
+                partial(
+                    write_compare.write_pass,
+                    write,
+                    records,
+                    sizes.write_per_shard,
+                    kind,
+                    folder,
+                    name,
+                    info,
+                    cpu_seconds,
+                ),  # fmt: skip
+                baseline=None if name == baseline else baseline,
+                expected=expected,
+            )
+            for name, write, kind in contenders
+        ]
+        return skip_all(rows, failure), sizes.write_records
+
+    return build
+
+
 BUILDERS = {
     "overhead": (overhead_rows, "ints"),
     "jsonl": (jsonl_rows, "records"),
@@ -516,6 +569,8 @@ BUILDERS = {
     "images_large": (images_large_rows, "images"),
     "resume": (resume_rows, "records"),
     "parquet": (parquet_rows, "rows"),
+    "write_tar": (write_rows("tar"), "records"),
+    "write_parquet": (write_rows("parquet"), "records"),
 }
 FINISH = {"images_large": finish_images_large}
 
@@ -526,6 +581,8 @@ TITLES = {
     "images_large": images_large_bench.TITLE,
     "resume": "resume on one JSONL file of {n:,} records (read -> json -> map -> batch(256))",
     "parquet": "every row of Parquet shards ({n:,} rows of id, text, label, 8 floats)",
+    "write_tar": write_compare.title("tar", Sizes.write_per_shard),  # the run's: write_rows
+    "write_parquet": write_compare.title("parquet", Sizes.write_per_shard),
 }
 
 
@@ -642,6 +699,8 @@ def goals(results: dict[str, tuple[list[Row], int]]) -> list[str]:
 
     ours = []
     for workload, (rows, _) in results.items():
+        if workload in WRITE_WORKLOADS:  # their goals are write_compare.goals'
+            continue
         by_name = {row.name: row for row in rows}
         for row in rows:
             if row.name.startswith("datapipes") and row.baseline and row.name != STATS_ROW:
@@ -673,7 +732,16 @@ def goals(results: dict[str, tuple[list[Row], int]]) -> list[str]:
     ok = None if growth is None else growth <= 1.5
     text = "n/a" if growth is None else f"{growth:.2f}x"
     lines.append(f"- {verdict(ok)} datapipes resume at 90% within 1.5x of at 10%: {text}")
+    for ok, text in write_compare.goals(written_rows(results)):
+        lines.append(f"- {verdict(ok)} {text}")
     return lines
+
+
+WRITE_WORKLOADS = ("write_tar", "write_parquet")
+
+
+def written_rows(results: dict[str, tuple[list[Row], int]]) -> dict[str, list[Any]]:
+    return {w: timed_rows(results[w][0]) for w in WRITE_WORKLOADS if w in results}
 
 
 def timed_rows(rows: list[Row]) -> list[images_large_bench.Timed]:
@@ -705,6 +773,8 @@ def report(
         out += [""] + resume_table(results["resume"][0])
     if "images_large" in results and LARGE:
         out += images_large_bench.section(timed_rows(results["images_large"][0]), LARGE)
+    if any(w in results for w in WRITE_WORKLOADS):
+        out += write_compare.section(written_rows(results))
     out += ["", "## Goals", ""] + goals(results)
     return "\n".join(out) + "\n"
 

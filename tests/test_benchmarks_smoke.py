@@ -17,6 +17,7 @@ COMPARE = ROOT / "benchmarks" / "compare.py"
 sys.path.append(str(ROOT / "benchmarks"))  # appended: shadows nothing the other tests import
 import images_large_bench  # noqa: E402  (the row names of images_large in quick mode)
 import parquet_read  # noqa: E402  (the row names of parquet)
+import write_compare  # noqa: E402  (the row names of the write workloads)
 
 THROUGHPUT_ROWS = {
     "overhead": [
@@ -44,6 +45,18 @@ THROUGHPUT_ROWS = {
     ],
     "images_large": [name for name, _, _ in images_large_bench.contenders(quick=True)],
     "parquet": [name for name, _, _ in parquet_read.CONTENDERS],
+    "write_tar": [
+        "hand-written (tarfile)",
+        "webdataset ShardWriter",
+        "litdata optimize() (own format, 1 worker)",
+        "datapipes dp.write (0 workers)",
+        "datapipes dp.write (2 workers)",
+    ],
+    "write_parquet": [
+        "hand-written (pyarrow)",
+        "datapipes dp.write (0 workers)",
+        "datapipes dp.write (2 workers)",
+    ],
 }
 RESUME_ROWS = ["HF datasets + StatefulDataLoader", "torchdata.nodes", "datapipes"]
 RATIO = re.compile(r"^\**\d+\.\d\dx\**$")
@@ -130,12 +143,16 @@ def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) ->
         assert_ratio_or_skipped(row[3], row)
     assert RATIO.match(resume[-1][3]), resume[-1]
     assert_images_large_section(markdown)
+    assert_writing_section(markdown)
 
     large_ours = [n for n in THROUGHPUT_ROWS["images_large"] if n.startswith("datapipes")]
     goals = markdown.split("## Goals\n", 1)[1].strip().splitlines()
-    # images_large: vs baseline + 3 goals; parquet: 2 vs baselines + 5x HF streaming
-    assert len(goals) == 8 + len(large_ours) + 3 + 3, goals
+    # images_large: vs baseline + 3 goals; parquet: 2 vs baselines + 5x HF streaming;
+    # writing: within 1.1x for tar and parquet, ahead of webdataset and litdata
+    assert len(goals) == 8 + len(large_ours) + 3 + 3 + 4, goals
     assert all(re.match(r"^- (PASS|MISS|n/a) ", goal) for goal in goals), goals
+    write_goals = [goal for goal in goals if "dp.write" in goal]
+    assert len(write_goals) == 4 and not any(g.startswith("- n/a") for g in write_goals[:1])
 
 
 def assert_images_large_section(markdown: str) -> None:
@@ -158,6 +175,31 @@ def assert_images_large_section(markdown: str) -> None:
     assert "- webdataset (decode pil): identical: " in part, part
     assert re.search(r"- datapipes decode\(.*\).*: identical: ", part), part
     assert "`loader.stats()`" in part and "slowest step:" in part, part
+
+
+def assert_writing_section(markdown: str) -> None:
+    """Both formats' rows, each with its time to disk and to return, a ratio, files and MB;
+    every writer wrote the same records (else its row would say "wrong output")."""
+    part = markdown.split("## Writing\n", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"^\d[\d,]* records .* shards of \d[\d,]* records", part.strip(), re.M), part
+    table = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in part.splitlines()
+        if line.startswith("| tar |") or line.startswith("| parquet |")
+    ]
+    wanted = [
+        (workload.removeprefix("write_"), name)
+        for workload in ("write_tar", "write_parquet")
+        for name in THROUGHPUT_ROWS[workload]
+    ]
+    assert [(row[0], row[1]) for row in table] == wanted, table
+    for row in table:
+        if row[1] == write_compare.LITDATA and row[-1].startswith("skipped: "):
+            continue  # litdata is not a test dependency
+        assert re.match(r"^\d+\.\d{3} s$", row[2]) and re.match(r"^\d+\.\d{3} s$", row[5]), row
+        assert RATIO.match(row[4]) and RATIO.match(row[7]), row
+        assert int(row[9]) > 0 and float(row[10]) > 0, row
+    assert "wrong output" not in part, part
 
 
 def test_elastic_resume_benchmark_reports_its_four_rows(tmp_path: Path) -> None:

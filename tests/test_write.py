@@ -521,3 +521,116 @@ def test_parquet_written_reads_back_through_read_parquet(tmp_path: Path) -> None
     rest = dp.Loader(manifest.files().read_parquet())
     rest.load_state_dict(state)
     assert first + list(rest) == back
+
+
+# ----- the formats' bytes are those of tarfile and of pa.Table.from_pylist -----------------------
+
+
+def tarfile_shard(records: list[dict[str, Any]], keys: list[str]) -> bytes:
+    """A tar shard as tarfile itself writes it: what TarFormat.encode gives, byte for byte."""
+    from datapipes.write.formats import _member_bytes
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for record, default_key in zip(records, keys):
+            key = str(record.get("__key__", default_key))
+            for field in sorted(f for f in record if not f.startswith("__")):
+                data = _member_bytes(field, record[field])
+                info = tarfile.TarInfo(f"{key}.{field}")
+                info.size, info.mtime, info.mode = len(data), 0, 0o444
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+TAR_KEYS = ["s1", "dir/é-ü", "k" * 95, "k" * 96, "d/" + "x" * 120, "ü" * 60, "日本" * 20]
+
+
+@pytest.mark.parametrize("run", [1 << 20, 700])  # bytes of members written at a time
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 19])
+def test_tar_shards_are_the_bytes_tarfile_writes(
+    count: int, run: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    from datapipes.write import formats
+    from datapipes.write.formats import TarFormat
+
+    monkeypatch.setattr(formats, "_RUN", run)
+
+    records = [
+        {
+            **({"__key__": TAR_KEYS[i % len(TAR_KEYS)] + str(i)} if i % 3 else {}),
+            "jpg": bytes([i % 256]) * (i * 97 % 1500),  # empty, under, over and at 512s
+            "bin": b"z" * 512 * (i % 3),
+            "txt": "é" * i,
+            "cls": i,
+            "json": {"i": [i, None]},
+            "x.npy": np.arange(i, dtype=np.int16),
+            "__url__": "not a member",
+        }
+        for i in range(count)
+    ]
+    keys = [f"000003-{i:08d}" for i in range(count)]
+    assert TarFormat().encode(records, keys) == tarfile_shard(records, keys)
+
+
+@pytest.mark.parametrize("name", ["a.jpg", "", "é" * 50, "n" * 99 + ".", "n" * 101, "ü" * 51])
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 8**11 - 1, 8**11, 2**40])
+def test_tar_member_headers_are_tarfiles(name: str, size: int) -> None:
+    from datapipes.write import formats
+
+    assert formats._FAST_HEADERS  # built here, not only taken from tarfile
+    assert formats._member_header(name, size) == formats._tarfile_header(name, size)
+
+
+def test_parquet_shards_are_the_bytes_of_from_pylist() -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from datapipes.write.formats import ParquetFormat, _plain
+
+    records: list[dict[str, Any]] = [
+        {"id": i, "jpg": bytes([i]) * i, "v": np.arange(i), "f": np.float32(i / 2)}
+        for i in range(9)
+    ]
+    del records[3]["jpg"]  # a missing field is null
+    records[4]["extra"] = "not a column"  # only the first record's fields are
+    plain = [
+        {k: _plain(v) if isinstance(v, np.ndarray | np.generic) else v for k, v in r.items()}
+        for r in records
+    ]
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(plain), buffer)
+    assert ParquetFormat().encode(records, []) == buffer.getvalue()
+    with pytest.raises(TypeError, match="holds dicts"):
+        ParquetFormat().encode([*records, 5], [])
+
+
+def test_a_shard_that_fails_to_publish_fails_its_unit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # shards are committed (fsynced, hashed, renamed) on a thread of the writer's: its
+    # error is the unit's, and the shard's temporary file goes
+    from datapipes.write.destination import NewFile
+
+    pipe = dp.range(40).map(sample)
+    clean = tree(Path(dp.write(pipe, str(tmp_path / "clean"), format="tar").url))
+    commit = NewFile.commit
+
+    def failing(self: NewFile, digest: bool = True) -> tuple[int, str]:
+        if self.final.endswith("shard-000002-0000.tar"):
+            raise OSError("disk full")
+        return commit(self, digest)
+
+    monkeypatch.setattr(NewFile, "commit", failing)
+    with pytest.raises(OSError, match="disk full"):
+        dp.write(pipe, str(tmp_path / "o"), format="tar")
+    assert not list((tmp_path / "o" / META / "writing").iterdir())  # its marker went with it
+    assert not (tmp_path / "o" / META / "units" / "000002.json").exists()
+    assert not [p.name for p in (tmp_path / "o").iterdir() if ".tmp-" in p.name]
+    monkeypatch.setattr(NewFile, "commit", commit)
+    dp.write(pipe, str(tmp_path / "o"), format="tar")
+    assert tree(tmp_path / "o") == clean

@@ -18,12 +18,14 @@ since).
 
 from __future__ import annotations
 
+import hashlib
+import io
 import itertools
 import os
 import posixpath
 import socket
 import time
-from typing import Any
+from typing import IO, Any
 
 import fsspec
 
@@ -72,21 +74,26 @@ class Destination:
     # ----- files that appear complete ----------------------------------------------------------
     def publish(self, name: str, data: bytes) -> None:
         """Write ``data`` as ``name`` (a path inside the destination), all or nothing."""
+        shard = self.create(name)
+        try:
+            shard.file.write(data)
+        except BaseException:
+            shard.discard()
+            raise
+        shard.commit(digest=False)
+
+    def create(self, name: str) -> NewFile:
+        """A file to be written as ``name`` (a path inside the destination): write to its
+        ``file``, then ``commit()`` makes it appear whole (or ``discard()`` forgets it)."""
         final = self.path(name)
         self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
         if not self.renames:
-            with self.fs.open(final, "wb") as out:
-                out.write(data)
-            return
+            return NewFile(self, final, None)
         folder, base = posixpath.split(final)
         temporary = posixpath.join(
             folder, f".{base}.tmp-{self.host}-{os.getpid()}-{next(_counter)}"
         )
-        with open(temporary, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, final)  # atomic: readers see the old file or the new one
+        return NewFile(self, final, temporary)
 
     def _fresh(self, path: str) -> str:
         """``path``, with what fsspec cached of it and its folders forgotten."""
@@ -175,3 +182,49 @@ class Destination:
                             os.remove(os.path.join(folder, name))
                             removed += 1
         return removed
+
+
+class NewFile:
+    """A file of a destination being written (:meth:`Destination.create`). On local disk
+    ``file`` is a temporary file beside the final one, fsynced and renamed over it by
+    :meth:`commit`; elsewhere it is memory, uploaded in one go by :meth:`commit`."""
+
+    def __init__(self, dest: Destination, final: str, temporary: str | None) -> None:
+        self.dest, self.final, self.temporary = dest, final, temporary
+        self.file: IO[bytes] = open(temporary, "wb") if temporary else io.BytesIO()
+
+    def commit(self, digest: bool = True) -> tuple[int, str]:
+        """Make the file appear whole under its name; its size and (with ``digest``) sha256,
+        read back from what was written."""
+        sha = hashlib.sha256()
+        if self.temporary is None:
+            assert isinstance(self.file, io.BytesIO)
+            data = self.file.getbuffer()
+            size = len(data)
+            if digest:
+                sha.update(data)
+            with self.dest.fs.open(self.final, "wb") as out:
+                out.write(data)
+            del data
+            return size, sha.hexdigest()
+        with self.file:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+        size = os.path.getsize(self.temporary)
+        if digest:  # from the page cache, in blocks: no copy of the whole file in memory
+            block = bytearray(1 << 20)
+            view = memoryview(block)
+            with open(self.temporary, "rb", buffering=0) as written:
+                while read := written.readinto(block):
+                    sha.update(view[:read])
+        os.replace(self.temporary, self.final)  # atomic: readers see the old file or the new one
+        return size, sha.hexdigest()
+
+    def discard(self) -> None:
+        """Forget the file: nothing appears under its name."""
+        self.file.close()
+        if self.temporary is not None:
+            try:
+                os.remove(self.temporary)
+            except FileNotFoundError:
+                pass

@@ -5,18 +5,23 @@ with their record counts, sizes and sha256) exists; the shards are published
 before it, each complete or absent. A writer killed anywhere leaves either
 the record (done) or no record (the unit is written again, and its shards,
 the same bytes under the same names, replace whatever it had published).
+
+A shard is written to its temporary file as it is encoded (no whole shard in
+memory), then fsynced, hashed (read back from the page cache) and renamed on
+a thread of the writer's while the next one is read and encoded: hashing and
+file I/O release the GIL, so they overlap the encoding where a core is free.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from datapipes.pipe import DataPipe
-from datapipes.write.destination import META, Destination
+from datapipes.write.destination import META, Destination, NewFile
 from datapipes.write.formats import ShardFormat, shard_format
 from datapipes.write.plan import Unit, WritePlan
 
@@ -93,48 +98,50 @@ class UnitWriter:
         fmt = self._format
         marker = dest.mark_writing(unit.name)
         touched = time.monotonic()
-        shards: list[dict[str, Any]] = []
+        publisher = _Publisher()
         records: list[Any] = []
-        keys: list[str] = []
         size = 0
-        count = 0
+        count = 0  # records of the unit in earlier shards
+        per_shard, per_bytes = options.records_per_shard, options.bytes_per_shard
+        touch_after = self.stale_seconds / 4
 
         def flush() -> None:
-            nonlocal records, keys, size
-            name = self.plan.shard_name(unit, len(shards))
-            data = fmt.encode(records, keys)
-            dest.publish(name, data)
-            shards.append(
-                {
-                    "name": name,
-                    "records": len(records),
-                    "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                }
-            )
-            records, keys, size = [], [], 0
+            nonlocal records, size, count
+            name = self.plan.shard_name(unit, publisher.shards)
+            keys: list[str] = []
+            if fmt.keyed:
+                prefix = f"{unit.name}-"
+                keys = [f"{prefix}{i:08d}" for i in range(count, count + len(records))]
+            shard = dest.create(name)
+            try:
+                fmt.write(records, keys, shard.file)
+            except BaseException:
+                shard.discard()
+                raise
+            publisher.put(name, shard, len(records))
+            count += len(records)
+            records, size = [], 0
 
         root = self.pipe.build(self.plan.context(unit))
+        monotonic = time.monotonic
         try:  # a unit that fails here is no longer being written: its marker goes
             root.reset(None)
             for record in root:
                 records.append(record)
-                keys.append(f"{unit.name}-{count:08d}")
-                count += 1
-                if options.bytes_per_shard is not None:
+                if per_bytes is not None:
                     size += fmt.size_of(record)
-                full = (
-                    options.records_per_shard is not None
-                    and len(records) >= options.records_per_shard
-                ) or (options.bytes_per_shard is not None and size >= options.bytes_per_shard)
-                if full:
+                if (per_shard is not None and len(records) >= per_shard) or (
+                    per_bytes is not None and size >= per_bytes
+                ):
                     flush()
-                if time.monotonic() - touched > self.stale_seconds / 4:
+                if monotonic() - touched > touch_after:
                     marker = dest.mark_writing(unit.name)  # still alive: not abandoned
-                    touched = time.monotonic()
+                    touched = monotonic()
             if records:
                 flush()
+            shards = publisher.finish()
         except BaseException:
+            publisher.close()
             dest.remove(marker)
             raise
         finally:
@@ -149,3 +156,52 @@ class UnitWriter:
         dest.publish(unit_record_name(unit), encode_json(record))
         dest.remove(marker)
         return record
+
+
+class _Publisher:
+    """Publishes one unit's shards in order on a thread of its own (see the module doc):
+    each written to its file by the unit's writer, then fsynced, hashed (read back from
+    the page cache) and renamed here while the next one is written."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self.shards = 0  # shards put so far
+        self._pending: Future[dict[str, Any]] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def put(self, name: str, shard: NewFile, records: int) -> None:
+        try:
+            self._wait()
+        except BaseException:
+            shard.discard()
+            raise
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="datapipes-write")
+        self._pending = self._pool.submit(self._publish, name, shard, records)
+        self.shards += 1
+
+    @staticmethod
+    def _publish(name: str, shard: NewFile, records: int) -> dict[str, Any]:
+        try:
+            size, digest = shard.commit()
+        except BaseException:
+            shard.discard()
+            raise
+        return {"name": name, "records": records, "bytes": size, "sha256": digest}
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.entries.append(pending.result())  # a failed publish raises here
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Every shard's entry, once all are published."""
+        self._wait()
+        self.close()
+        return self.entries
+
+    def close(self) -> None:
+        """Wait for the shard being published (its error is the caller's to raise, or not)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
