@@ -33,6 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from subprocess_helpers import children_of
 
 import datapipes as dp
 
@@ -50,20 +51,6 @@ def under_torchrun(config: dict[str, Any]) -> None:
             print(f"refused: {error}")
     finally:
         dist.destroy_process_group()
-
-
-def children_of(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (its DataLoader workers)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    if int(stat.read().rsplit(") ", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue  # ended meanwhile
-    return found
 
 
 def fault_the_taker(fault: dict[str, Any], store: Any) -> None:

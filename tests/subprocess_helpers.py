@@ -62,3 +62,17 @@ def run_forked_ranks(
                 process.kill()
     assert [process.exitcode for process in ranks] == [0] * world_size
     return sorted(results, key=str)
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a rank's DataLoader workers), from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(") ", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue  # ended meanwhile
+    return found

@@ -59,6 +59,7 @@ draw from, comma-separated), ``CHAOS_LOG`` (a file that receives every trial's l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -79,7 +80,7 @@ import pytest
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script, too
-from lease_job import children_of  # noqa: E402
+from subprocess_helpers import children_of  # noqa: E402
 from test_distributed import child_env, write_data  # noqa: E402
 
 import datapipes as dp  # noqa: E402
@@ -256,17 +257,13 @@ def taker_at_work(lease: str, taking: list[int]) -> bool:
 
 
 def signal_group(pid: int, number: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # it ended already
         os.killpg(pid, number)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def signal_pid(pid: int, number: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it ended already
         os.kill(pid, number)
-    except ProcessLookupError:
-        pass
 
 
 class FaultDriver:
@@ -461,10 +458,8 @@ def run_ranks(plan: Plan, run: Run, data: Path, resume: Path | None, fault: bool
         for proc in procs:  # its DataLoader workers too, whatever happened
             signal_group(proc.pid, signal.SIGKILL)
         for proc in procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # reaped below, or a zombie
                 proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
         del store
     for rank, proc in enumerate(procs):
         code = None if rank in run.hung else proc.returncode

@@ -110,20 +110,6 @@ def ids(items: list[Any]) -> list[int]:
     ]
 
 
-@pytest.fixture(scope="module")
-def http_server(tmp_path_factory):
-    fsspec.asyn.get_loop()  # fsspec's event-loop thread: not a thread check_node should count
-    with serve(tmp_path_factory.mktemp("served")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def http_server_without_ranges(tmp_path_factory):
-    fsspec.asyn.get_loop()
-    with serve(tmp_path_factory.mktemp("served-whole"), ranges=False) as server:
-        yield server
-
-
 @pytest.fixture
 def memory_root(request) -> str:
     folder = f"/datapipes-parquet/{uuid.uuid4().hex}"
@@ -603,15 +589,20 @@ WHOLE_FILE = {  # unreadable files: (bytes, what the error says)
 }
 
 
-@pytest.mark.parametrize("case", list(WHOLE_FILE))
-def test_an_unreadable_file_names_it_or_is_skipped_whole(tmp_path, case):
-    data, words = WHOLE_FILE[case]
+def _refused_naming_it(tmp_path, case, data, words):
+    """A hostile file ``data`` beside a good one: reading raises, naming the file and saying
+    ``words``; then the rows of the good file, and the pipe that skips (``on_error="skip"``)."""
     path = _hostile(tmp_path, f"a-{case}.parquet", data)
     good = _good(tmp_path)
     with pytest.raises(dp.BadRecordError, match=re.escape(str(path))) as caught:
         run(dp.files(str(tmp_path / "*.parquet")).read_parquet())
     assert words in str(caught.value)
-    pipe = dp.files(str(tmp_path / "*.parquet")).read_parquet(on_error="skip")
+    return path, good, dp.files(str(tmp_path / "*.parquet")).read_parquet(on_error="skip")
+
+
+@pytest.mark.parametrize("case", list(WHOLE_FILE))
+def test_an_unreadable_file_names_it_or_is_skipped_whole(tmp_path, case):
+    path, good, pipe = _refused_naming_it(tmp_path, case, *WHOLE_FILE[case])
     with pytest.warns(dp.BadRecordWarning, match=re.escape(str(path))):
         loader = dp.Loader(pipe)
         assert list(loader) == good
@@ -629,12 +620,7 @@ HOSTILE_GROUPS = {  # a footer whose row group 0 (or 1) cannot be true: (bytes, 
 @pytest.mark.parametrize("case", list(HOSTILE_GROUPS))
 def test_a_footer_claiming_an_impossible_row_group_is_refused_before_reading(tmp_path, case):
     data, words, lost = HOSTILE_GROUPS[case]
-    path = _hostile(tmp_path, f"a-{case}.parquet", data)
-    good = _good(tmp_path)
-    with pytest.raises(dp.BadRecordError, match=re.escape(str(path))) as caught:
-        run(dp.files(str(tmp_path / "*.parquet")).read_parquet())
-    assert words in str(caught.value)
-    pipe = dp.files(str(tmp_path / "*.parquet")).read_parquet(on_error="skip")
+    _, good, pipe = _refused_naming_it(tmp_path, case, data, words)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loader = dp.Loader(pipe)

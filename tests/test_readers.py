@@ -77,22 +77,6 @@ class Where:
         return f"{self.prefix}/{name}"
 
 
-@pytest.fixture(scope="module")
-def http_server(tmp_path_factory):
-    # fsspec's HTTP filesystem runs on one shared, process-wide event-loop thread. Start it
-    # here, or check_node would count it as a thread left behind by the first node to use HTTP.
-    fsspec.asyn.get_loop()
-    with serve(tmp_path_factory.mktemp("served")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def http_server_without_ranges(tmp_path_factory):
-    fsspec.asyn.get_loop()
-    with serve(tmp_path_factory.mktemp("served-whole"), ranges=False) as server:
-        yield server
-
-
 def _local(tmp_path: Path) -> Where:
     return Where("local", str(tmp_path), str(tmp_path))
 

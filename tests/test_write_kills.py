@@ -28,6 +28,7 @@ every trial prints its seed, its kill point and its verdict.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from subprocess_helpers import ROOT
+from subprocess_helpers import ROOT, children_of
 
 pytestmark = pytest.mark.slow
 
@@ -171,10 +172,8 @@ class Job:
         return {int(r): code for r, code in json.loads(ended.read_text()).items()}
 
     def kill_all(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it ended already
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait(30)
 
     def result(self, rank: int) -> dict[str, Any]:
@@ -183,20 +182,6 @@ class Job:
 
     def returned(self, rank: int) -> bool:
         return (self.out / f"result.{rank}.{self.pids[rank]}.json").exists()
-
-
-def children_of(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (a rank's DataLoader workers)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    if int(stat.read().rsplit(") ", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue  # ended meanwhile
-    return found
 
 
 def gone(pid: int) -> bool:
