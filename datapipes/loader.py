@@ -23,7 +23,7 @@ from datapipes.even_batches import NO_GROUP, EvenBatchesPolicy
 from datapipes.listings import JobListings, default_store_comparison
 from datapipes.loader_arguments import InexactResumeWarning, check_arguments
 from datapipes.loader_checkpoints import LoaderCheckpoints
-from datapipes.loader_dispatch import make_dispatch, placeholder_dispatcher
+from datapipes.loader_dispatch import check_lease_seconds, make_dispatch, placeholder_dispatcher
 from datapipes.loader_reports import LoaderReports
 from datapipes.loader_stats import LoaderStats
 from datapipes.pipe import DataPipe
@@ -31,7 +31,7 @@ from datapipes.progress import ProgressBar, progress_bar_class
 from datapipes.rank_consumers import RankConsumers
 from datapipes.resume import ResumePlan
 from datapipes.resume.graph import GraphRecord, node_path
-from datapipes.takeover import TakeoverHost, check_lease_seconds
+from datapipes.takeover import TakeoverHost
 from datapipes.topology import resolve_topology
 from datapipes.workers import (
     runtime_recipe,

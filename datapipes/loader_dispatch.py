@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from datapipes.dispatch import DynamicDispatch
-from datapipes.takeover import TakeoverHost, Takeovers, check_lease_seconds
+from datapipes.takeover import TakeoverHost, Takeovers
 from nodes.dispatch import Dispatcher, DispatchSpec
 
 if TYPE_CHECKING:
@@ -50,3 +50,17 @@ def make_dispatch(
 def placeholder_dispatcher(rank: int) -> Dispatcher:
     """The dispatcher of a Loader's own consumer (no workers) until its first epoch's spec."""
     return Dispatcher(DispatchSpec(None, "", -1, 1, 1), rank)
+
+
+def check_lease_seconds(seconds: Any, even_batches: bool | None) -> None:
+    """Refuse a ``dispatch_lease_seconds`` the Loader cannot run with, saying why."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ValueError(f"dispatch_lease_seconds must be a number > 0, got {seconds!r}")
+    if even_batches:
+        raise ValueError(
+            "dispatch_lease_seconds is for ranks that run no collectives (inference, "
+            "evaluation, data processing): in a DDP job a stalled rank stalls every rank "
+            "in its all_reduce, and a dead one ends the job, so the last checkpoint is what "
+            "resumes it (even_batches is on by default under torch.distributed). Pass "
+            "even_batches=False, or leave dispatch_lease_seconds unset"
+        )

@@ -81,20 +81,6 @@ class TakeoverCheckpointError(RuntimeError):
     """A checkpoint was asked for while this rank read a stalled rank's units."""
 
 
-def check_lease_seconds(seconds: Any, even_batches: bool | None) -> None:
-    """Refuse a ``dispatch_lease_seconds`` the Loader cannot run with, saying why."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
-        raise ValueError(f"dispatch_lease_seconds must be a number > 0, got {seconds!r}")
-    if even_batches:
-        raise ValueError(
-            "dispatch_lease_seconds is for ranks that run no collectives (inference, "
-            "evaluation, data processing): in a DDP job a stalled rank stalls every rank "
-            "in its all_reduce, and a dead one ends the job, so the last checkpoint is what "
-            "resumes it (even_batches is on by default under torch.distributed). Pass "
-            "even_batches=False, or leave dispatch_lease_seconds unset"
-        )
-
-
 def _text(state: dict[str, Any]) -> str:
     return json.dumps(state, separators=(",", ":"))
 

@@ -317,7 +317,7 @@ class LeaseWatch:
         its taker delivers the rest of), else ``None``.
 
         ``raw`` may itself be a taken lease whose taker stopped before it published the
-        work it took (see :meth:`datapipes.takeover.Takeovers._phase`): the lease is taken
+        work it took (see :meth:`datapipes.takeover.Takeovers._published_work`): the lease is taken
         again, and the position is the one the first taker took, which the taken value
         carries (``was``)."""
         old = decode(raw, lease_key(self.key, rank))
