@@ -465,7 +465,13 @@ TALLY: Counter[tuple[str, str]] = Counter()
 SECONDS: Counter[str] = Counter()
 
 
-@pytest.mark.parametrize("shape", shapes(), ids=lambda shape: shape.name)
+def _marked(shape: Shape) -> Any:
+    """A shape whose Loader starts DataLoader worker processes runs with the slow tests."""
+    workers = not callable(shape.resume) and shape.resume.get("num_workers", 0) > 0
+    return pytest.param(shape, marks=pytest.mark.slow) if workers else shape
+
+
+@pytest.mark.parametrize("shape", [_marked(s) for s in shapes()], ids=lambda shape: shape.name)
 def test_a_sample_of_mutations_of_a_job_state_resumes_or_is_refused(shape: Shape) -> None:
     _check_mutations(shape, int(os.environ.get("STATE_MUTATIONS", shape.sample)))
 
@@ -602,6 +608,7 @@ def test_workers_in_the_topology_of_a_state_taken_without_any_are_refused(worker
     _load_raises(shape, damaged, r"dataloader: expected the DataLoader's state")
 
 
+@pytest.mark.slow  # DataLoader worker processes
 @pytest.mark.parametrize("transfer", [None, 2, 4, 10**15])
 def test_another_items_per_transfer_in_the_topology_is_refused(transfer: int | None) -> None:
     # Was: the workers' transfers replayed at the edited size: items lost or repeated.
@@ -615,6 +622,7 @@ def test_another_items_per_transfer_in_the_topology_is_refused(transfer: int | N
     _load_raises(shape, damaged, r"(taken|items_per_transfer): expected")
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_a_resume_the_workers_refuse_leaves_close_and_state_dict_quiet() -> None:
     # A worker position refused inside the workers, as the DataLoader starts them: the
     # error is raised by the iteration; close() raised it again, after starting new

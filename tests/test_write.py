@@ -163,6 +163,14 @@ def test_the_output_is_the_same_bytes_on_any_topology(tmp_path: Path) -> None:
     )
     assert [m.records for m in three] == [184] * 3
     assert tree(tmp_path / "three") == alone
+
+
+@pytest.mark.slow  # DataLoader worker processes
+def test_the_output_written_by_workers_is_the_same_bytes(tmp_path: Path) -> None:
+    pattern = make_inputs(tmp_path / "in", [23, 61, 17, 35, 48])
+    pipe = dp.files(pattern).read_jsonl().map(upper)
+    options = {"format": "tar", "records_per_shard": 10}
+    alone = tree(Path(dp.write(pipe.map(keyed), str(tmp_path / "one"), **options).url))
     dp.write(pipe.map(keyed), str(tmp_path / "workers"), num_workers=2, **options)
     assert tree(tmp_path / "workers") == alone
 
