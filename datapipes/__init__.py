@@ -21,7 +21,13 @@ from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError, Unfin
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
 from datapipes.version import package_version
-from datapipes.write import Manifest, WriteConflictError, read_manifest, write
+from datapipes.write import (
+    Manifest,
+    ShardMismatchError,
+    WriteConflictError,
+    read_manifest,
+    write,
+)
 from nodes.collate import default_collate, no_collate
 from nodes.dispatch import DispatchStoreError
 from nodes.elastic import ElasticResumeError
@@ -56,6 +62,7 @@ __all__ = [
     "UnevenDataWarning",
     "UnfinishedEpochError",
     "WorkerDiedError",
+    "ShardMismatchError",
     "WriteConflictError",
     "concat",
     "default_collate",

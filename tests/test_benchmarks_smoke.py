@@ -51,11 +51,13 @@ THROUGHPUT_ROWS = {
         "litdata optimize() (own format, 1 worker)",
         "datapipes dp.write (0 workers)",
         "datapipes dp.write (2 workers)",
+        "datapipes dp.write (0 workers, checksum=sha256)",
     ],
     "write_parquet": [
         "hand-written (pyarrow)",
         "datapipes dp.write (0 workers)",
         "datapipes dp.write (2 workers)",
+        "datapipes dp.write (0 workers, checksum=sha256)",
     ],
 }
 RESUME_ROWS = ["HF datasets + StatefulDataLoader", "torchdata.nodes", "datapipes"]

@@ -313,6 +313,8 @@ def test_records_a_format_cannot_hold_are_clear_errors(
         ({"records_per_shard": 0}, "records_per_shard"),
         ({"min_units": True}, "min_units"),
         ({"stale_seconds": -1}, "stale_seconds"),
+        ({"checksum": "md5"}, "checksum must be"),
+        ({"checksum": None}, "checksum must be"),
     ],
 )
 def test_arguments_are_checked(tmp_path: Path, options: dict[str, Any], message: str) -> None:
@@ -628,10 +630,10 @@ def test_a_shard_that_fails_to_publish_fails_its_unit(
     clean = tree(Path(dp.write(pipe, str(tmp_path / "clean"), format="tar").url))
     commit = NewFile.commit
 
-    def failing(self: NewFile, digest: bool = True) -> tuple[int, str]:
+    def failing(self: NewFile, checksum: str | None = None) -> tuple[int, str]:
         if self.final.endswith("shard-000002-0000.tar"):
             raise OSError("disk full")
-        return commit(self, digest)
+        return commit(self, checksum)
 
     monkeypatch.setattr(NewFile, "commit", failing)
     with pytest.raises(OSError, match="disk full"):

@@ -129,12 +129,14 @@ print("_datapipes/:", sorted(os.listdir(workdir / "reference" / "_datapipes")))
 
 # %% [markdown]
 # Calling it again finds every unit done, writes nothing and returns the
-# manifest. `dp.read_manifest(dest)` gives it to readers too.
+# manifest. `dp.read_manifest(dest)` gives it to readers too, and
+# `manifest.verify()` checks every shard's size and checksum against it.
 
 # %%
 again = dp.write(recipe(str(raw)), str(workdir / "reference"), **OPTIONS)
 assert again.stats["units_written"] == 0 and again == reference
 assert dp.read_manifest(str(workdir / "reference")) == reference
+reference.verify()
 
 
 def files_of(folder: Path) -> dict[str, bytes]:

@@ -22,11 +22,13 @@ import warnings
 from typing import Any
 
 from datapipes.pipe import DataPipe
+from datapipes.write.checksum import check_algorithm
 from datapipes.write.destination import META, Destination
 from datapipes.write.manifest import (
     MANIFEST,
     Manifest,
     ShardEntry,
+    ShardMismatchError,
     WriteConflictError,
     parse_manifest,
     read_manifest,
@@ -34,7 +36,9 @@ from datapipes.write.manifest import (
 from datapipes.write.plan import WriteOptions, WritePlan, make_plan
 from datapipes.write.unit import UnitWriter, encode_json, read_unit_record
 
-__all__ = ["Manifest", "ShardEntry", "WriteConflictError", "read_manifest", "write"]
+__all__ = [
+    "Manifest", "ShardEntry", "ShardMismatchError", "WriteConflictError", "read_manifest", "write",
+]  # fmt: skip
 
 PLAN = f"{META}/plan.json"
 #: Seconds between looks at the units other ranks still hold.
@@ -52,6 +56,7 @@ def write(
     unit_items: int = 10_000,
     seed: int = 0,
     prefix: str = "shard",
+    checksum: str = "crc32",
     overwrite: bool = False,
     stale_seconds: float = 60.0,
     storage_options: dict[str, Any] | None = None,
@@ -73,10 +78,12 @@ def write(
     is written again whole, so keep them small enough to redo.
 
     Each shard appears complete or not at all; the manifest (``manifest.json``:
-    every shard with its record count, size and sha256, and the recipe's
-    fingerprint) appears last. Calling it again on a complete output returns
-    the manifest and writes nothing; a destination holding another recipe's or
-    another input's output is a :class:`WriteConflictError` unless
+    every shard with its record count, size and ``checksum`` (``"crc32"``, or
+    ``"sha256"`` for a content hash), and the recipe's fingerprint) appears
+    last; :meth:`Manifest.verify` checks the shards against it. Calling it
+    again on a complete output returns the manifest and writes nothing; a
+    destination holding another recipe's or another input's output is a
+    :class:`WriteConflictError` unless
     ``overwrite=True``. A unit whose writer has not shown a sign of life for
     ``stale_seconds`` (killed, or stopped) is written again by another rank.
 
@@ -93,9 +100,10 @@ def write(
     check_write_arguments(records_per_shard, bytes_per_shard, min_units, unit_items, stale_seconds)
     if format not in ("jsonl", "tar", "parquet"):
         raise ValueError(f"format must be 'jsonl', 'tar' or 'parquet', got {format!r}")
+    check_algorithm(checksum)
     started = time.perf_counter()
     options = WriteOptions(
-        format, records_per_shard, bytes_per_shard, min_units, unit_items, seed, prefix
+        format, records_per_shard, bytes_per_shard, min_units, unit_items, seed, prefix, checksum
     )
     destination = Destination(dest, storage_options)
     plan = make_plan(pipe, options)

@@ -18,7 +18,6 @@ since).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import itertools
 import os
@@ -28,6 +27,8 @@ import time
 from typing import IO, Any
 
 import fsspec
+
+from datapipes.write.checksum import checksum_bytes, checksum_fd
 
 #: The folder of a destination that holds the write's own records (not shards).
 META = "_datapipes"
@@ -80,7 +81,7 @@ class Destination:
         except BaseException:
             shard.discard()
             raise
-        shard.commit(digest=False)
+        shard.commit()
 
     def create(self, name: str) -> NewFile:
         """A file to be written as ``name`` (a path inside the destination): write to its
@@ -186,43 +187,55 @@ class Destination:
 
 class NewFile:
     """A file of a destination being written (:meth:`Destination.create`). On local disk
-    ``file`` is a temporary file beside the final one, fsynced and renamed over it by
-    :meth:`commit`; elsewhere it is memory, uploaded in one go by :meth:`commit`."""
+    it is a temporary file beside the final one (``path``), fsynced and renamed over it by
+    :meth:`commit`; elsewhere it is memory, uploaded in one go by :meth:`commit`. Write
+    to ``file``, or, on local disk, have a library write ``path`` itself."""
 
     def __init__(self, dest: Destination, final: str, temporary: str | None) -> None:
         self.dest, self.final, self.temporary = dest, final, temporary
-        self.file: IO[bytes] = open(temporary, "wb") if temporary else io.BytesIO()
+        self._file: IO[bytes] | None = None
 
-    def commit(self, digest: bool = True) -> tuple[int, str]:
-        """Make the file appear whole under its name; its size and (with ``digest``) sha256,
-        read back from what was written."""
-        sha = hashlib.sha256()
+    @property
+    def path(self) -> str | None:
+        """The local temporary file behind ``file`` (``None`` off local disk): a library
+        that writes files itself (without the GIL per write) may write this path instead."""
+        return self.temporary
+
+    @property
+    def file(self) -> IO[bytes]:
+        if self._file is None:
+            self._file = open(self.temporary, "wb") if self.temporary else io.BytesIO()
+        return self._file
+
+    def commit(self, checksum: str | None = None) -> tuple[int, str]:
+        """Make the file appear whole under its name; its size and (with ``checksum``, an
+        algorithm of :mod:`datapipes.write.checksum`) its checksum, read back from what
+        was written."""
         if self.temporary is None:
             assert isinstance(self.file, io.BytesIO)
             data = self.file.getbuffer()
             size = len(data)
-            if digest:
-                sha.update(data)
+            digest = checksum_bytes(checksum, data) if checksum else ""
             with self.dest.fs.open(self.final, "wb") as out:
                 out.write(data)
             del data
-            return size, sha.hexdigest()
-        with self.file:
-            self.file.flush()
-            os.fsync(self.file.fileno())
-        size = os.path.getsize(self.temporary)
-        if digest:  # from the page cache, in blocks: no copy of the whole file in memory
-            block = bytearray(1 << 20)
-            view = memoryview(block)
-            with open(self.temporary, "rb", buffering=0) as written:
-                while read := written.readinto(block):
-                    sha.update(view[:read])
+            return size, digest
+        if self._file is not None:
+            self._file.close()
+        fd = os.open(self.temporary, os.O_RDONLY)  # fsync syncs the file, whichever fd
+        try:
+            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            digest = checksum_fd(checksum, fd) if checksum else ""
+        finally:
+            os.close(fd)
         os.replace(self.temporary, self.final)  # atomic: readers see the old file or the new one
-        return size, sha.hexdigest()
+        return size, digest
 
     def discard(self) -> None:
         """Forget the file: nothing appears under its name."""
-        self.file.close()
+        if self._file is not None:
+            self._file.close()
         if self.temporary is not None:
             try:
                 os.remove(self.temporary)

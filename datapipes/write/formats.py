@@ -15,9 +15,19 @@ import io
 import json
 import tarfile
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import numpy as np
+
+
+class ShardSink(Protocol):
+    """Where a shard is written: ``file``, or on local disk ``path`` (else ``None``)."""
+
+    @property
+    def file(self) -> IO[bytes]: ...
+
+    @property
+    def path(self) -> str | None: ...
 
 
 class ShardFormat:
@@ -37,6 +47,11 @@ class ShardFormat:
         """Write the shard :meth:`encode` gives to the binary file ``out`` (a format that
         can write it in parts does, so that no whole shard is held in memory)."""
         out.write(self.encode(records, keys))
+
+    def write_shard(self, records: Sequence[Any], keys: Sequence[str], sink: ShardSink) -> None:
+        """Write the shard to ``sink``: :meth:`write` to its file (a format whose library
+        writes local files faster itself writes ``sink.path`` instead)."""
+        self.write(records, keys, sink.file)
 
     def size_of(self, record: Any) -> int:
         """About the bytes ``record`` adds to a shard (``bytes_per_shard`` counts these)."""
@@ -229,8 +244,19 @@ class ParquetFormat(ShardFormat):
         return buffer.getvalue()
 
     def write(self, records: Sequence[Any], keys: Sequence[str], out: IO[bytes]) -> None:
-        import pyarrow as pa
         import pyarrow.parquet as pq
+
+        pq.write_table(self._table(records), out)
+
+    def write_shard(self, records: Sequence[Any], keys: Sequence[str], sink: ShardSink) -> None:
+        """On local disk pyarrow writes the path itself: through a Python file it would
+        take the GIL for every write, which the publishing thread then waits for."""
+        import pyarrow.parquet as pq
+
+        pq.write_table(self._table(records), sink.path or sink.file)
+
+    def _table(self, records: Sequence[Any]) -> Any:
+        import pyarrow as pa
 
         for record in records:
             if not isinstance(record, dict):
@@ -243,7 +269,7 @@ class ParquetFormat(ShardFormat):
         # lists and numbers, converted only in the columns that hold any.
         names = list(records[0]) if records else []
         columns = [_column([record.get(name) for record in records]) for name in names]
-        pq.write_table(pa.Table.from_arrays(columns, names), out)
+        return pa.Table.from_arrays(columns, names)
 
 
 def _column(values: list[Any]) -> list[Any]:

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from datapipes.write.destination import Destination
+from datapipes.write.checksum import CHECKSUMS, checksum_stream
+from datapipes.write.destination import META, Destination
 from datapipes.write.unit import WRITE_VERSION
 
 MANIFEST = "manifest.json"
@@ -17,6 +18,10 @@ class WriteConflictError(RuntimeError):
     """The destination holds another recipe's (or another input's) output."""
 
 
+class ShardMismatchError(ValueError):
+    """A written shard is missing or differs from its manifest entry (size or checksum)."""
+
+
 @dataclass(frozen=True)
 class ShardEntry:
     """One shard of a written dataset."""
@@ -24,17 +29,19 @@ class ShardEntry:
     name: str
     records: int
     bytes: int
-    sha256: str
+    #: ``"<algorithm>:<hex>"``: ``crc32`` (8 hex digits) or ``sha256`` (64).
+    checksum: str
 
 
 @dataclass(frozen=True)
 class Manifest:
     """What :func:`datapipes.write` wrote: every shard, with its record count, size and
-    sha256, in order, and the recipe's fingerprint.
+    checksum, in order, and the recipe's fingerprint.
 
     ``urls()`` gives the shards' URLs, ``files()`` a :func:`datapipes.files` over
-    them to read the dataset back; ``stats`` what this rank did (units it wrote,
-    units it found done, records, bytes, seconds).
+    them to read the dataset back, ``verify()`` checks every shard's size and
+    checksum; ``stats`` what this rank did (units it wrote, units it found done,
+    records, bytes, seconds).
     """
 
     url: str
@@ -58,6 +65,28 @@ class Manifest:
 
         return files(self.urls(), **options)
 
+    def verify(self, **storage_options: Any) -> None:
+        """Read every shard back and check its size and checksum against the manifest; a
+        :class:`ShardMismatchError` names each shard that differs or is missing.
+
+        >>> import datapipes as dp
+        >>> dp.write(dp.range(5).map(lambda x: {"x": x}), "memory://doc/verify").verify()
+        """
+        dest = Destination(self.url, storage_options)
+        bad = {shard.name: problem for shard in self.shards if (problem := _problem(dest, shard))}
+        if bad:
+            # A shard is named <prefix>-<unit>-<part>.<ext>: without its unit's record the
+            # unit is written again, the same bytes, and nothing else is.
+            records = sorted({f"{META}/units/{name.rsplit('-', 2)[1]}.json" for name in bad})
+            raise ShardMismatchError(
+                f"{len(bad)} of the {len(self.shards)} shards of {self.url} differ from its "
+                "manifest (damaged, truncated, replaced or removed since they were written):\n  "
+                + "\n  ".join(f"{name}: {problem}" for name, problem in bad.items())
+                + "\nTo write them again (the same bytes), remove "
+                + ", ".join([MANIFEST, *records])
+                + " from the destination and call dp.write again."
+            )
+
     def __iter__(self) -> Iterator[ShardEntry]:
         return iter(self.shards)
 
@@ -73,6 +102,25 @@ class Manifest:
         }
 
 
+def _problem(dest: Destination, shard: ShardEntry) -> str | None:
+    """How the shard differs from its entry, or ``None``."""
+    algorithm = shard.checksum.partition(":")[0]
+    if algorithm not in CHECKSUMS:
+        return f"its entry's checksum {shard.checksum!r} names no known algorithm"
+    path = dest.path(shard.name)
+    try:
+        size = dest.fs.size(path)
+        if size != shard.bytes:
+            return f"{size} bytes, the manifest says {shard.bytes}"
+        with dest.fs.open(path, "rb") as stream:
+            found = checksum_stream(algorithm, stream)
+    except FileNotFoundError:
+        return "missing"
+    if found != shard.checksum:
+        return f"checksum {found}, the manifest says {shard.checksum}"
+    return None
+
+
 def parse_manifest(raw: bytes, url: str) -> Manifest:
     """The manifest in ``raw`` (of the write at ``url``); a damaged one is a clear error."""
     try:
@@ -80,7 +128,7 @@ def parse_manifest(raw: bytes, url: str) -> Manifest:
         if value.get("version") != WRITE_VERSION:
             raise ValueError(f"version {value.get('version')!r}, not {WRITE_VERSION}")
         shards = tuple(
-            ShardEntry(str(s["name"]), int(s["records"]), int(s["bytes"]), str(s["sha256"]))
+            ShardEntry(str(s["name"]), int(s["records"]), int(s["bytes"]), str(s["checksum"]))
             for s in value["shards"]
         )
         return Manifest(

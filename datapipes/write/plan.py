@@ -40,6 +40,7 @@ class WriteOptions:
     unit_items: int
     seed: int
     prefix: str
+    checksum: str = "crc32"
 
     def describe(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

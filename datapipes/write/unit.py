@@ -1,15 +1,16 @@
 """Writing one unit: its graph read to the end, its shards published, then its record.
 
 A unit is done when its record (``_datapipes/units/<unit>.json``: its shards
-with their record counts, sizes and sha256) exists; the shards are published
+with their record counts, sizes and checksums) exists; the shards are published
 before it, each complete or absent. A writer killed anywhere leaves either
 the record (done) or no record (the unit is written again, and its shards,
 the same bytes under the same names, replace whatever it had published).
 
 A shard is written to its temporary file as it is encoded (no whole shard in
-memory), then fsynced, hashed (read back from the page cache) and renamed on
-a thread of the writer's while the next one is read and encoded: hashing and
-file I/O release the GIL, so they overlap the encoding where a core is free.
+memory), then fsynced, checksummed (mapped from the page cache, one call
+without the GIL) and renamed on a thread of the writer's while the next one
+is read and encoded: checksums and file I/O release the GIL, so they overlap
+the encoding where a core is free.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from datapipes.write.formats import ShardFormat, shard_format
 from datapipes.write.plan import Unit, WritePlan
 
 #: Bumped when the layout of unit records or the manifest changes.
-WRITE_VERSION = 1
+WRITE_VERSION = 2
 
 
 def unit_record_name(unit: Unit) -> str:
@@ -98,7 +99,7 @@ class UnitWriter:
         fmt = self._format
         marker = dest.mark_writing(unit.name)
         touched = time.monotonic()
-        publisher = _Publisher()
+        publisher = _Publisher(options.checksum)
         records: list[Any] = []
         size = 0
         count = 0  # records of the unit in earlier shards
@@ -114,7 +115,7 @@ class UnitWriter:
                 keys = [f"{prefix}{i:08d}" for i in range(count, count + len(records))]
             shard = dest.create(name)
             try:
-                fmt.write(records, keys, shard.file)
+                fmt.write_shard(records, keys, shard)
             except BaseException:
                 shard.discard()
                 raise
@@ -160,10 +161,11 @@ class UnitWriter:
 
 class _Publisher:
     """Publishes one unit's shards in order on a thread of its own (see the module doc):
-    each written to its file by the unit's writer, then fsynced, hashed (read back from
+    each written to its file by the unit's writer, then fsynced, checksummed (mapped from
     the page cache) and renamed here while the next one is written."""
 
-    def __init__(self) -> None:
+    def __init__(self, checksum: str) -> None:
+        self.checksum = checksum
         self.entries: list[dict[str, Any]] = []
         self.shards = 0  # shards put so far
         self._pending: Future[dict[str, Any]] | None = None
@@ -177,17 +179,17 @@ class _Publisher:
             raise
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="datapipes-write")
-        self._pending = self._pool.submit(self._publish, name, shard, records)
+        self._pending = self._pool.submit(self._publish, name, shard, records, self.checksum)
         self.shards += 1
 
     @staticmethod
-    def _publish(name: str, shard: NewFile, records: int) -> dict[str, Any]:
+    def _publish(name: str, shard: NewFile, records: int, checksum: str) -> dict[str, Any]:
         try:
-            size, digest = shard.commit()
+            size, digest = shard.commit(checksum)
         except BaseException:
             shard.discard()
             raise
-        return {"name": name, "records": records, "bytes": size, "sha256": digest}
+        return {"name": name, "records": records, "bytes": size, "checksum": digest}
 
     def _wait(self) -> None:
         if self._pending is not None:
