@@ -120,6 +120,73 @@ class FluentSteps(Generic[T]):
         """Group ``size`` items and collate them (``dp.default_collate`` unless ``collate_fn``)."""
         return _steps().Batch(self, size, drop_last=drop_last, collate_fn=collate_fn)
 
+    # ----- text -------------------------------------------------------------------------------
+    def tokenize(
+        self,
+        tokenizer: Any,
+        field: str = "text",
+        *,
+        output: str = "input_ids",
+        bos: int | None = None,
+        eos: int | None = None,
+        block: int = 128,
+        name: str | None = None,
+    ) -> DataPipe[Any]:
+        """Add the token ids of every record's ``field`` (an int32 array, under ``output``).
+
+        ``tokenizer``: a Hugging Face ``tokenizers.Tokenizer`` or ``transformers`` fast
+        tokenizer (``block`` records encoded per call, on the tokenizer's threads), or a
+        callable ``text -> token ids``. ``bos``/``eos``: ids put around every document.
+        The tokenizer's identity (its whole definition; for a callable its name, or
+        ``name``) is in the recipe's fingerprint: a checkpoint of another vocabulary is
+        refused. A record that is a str becomes ``{output: ids}``; a ``field`` that is
+        not a str raises ``TypeError``; an empty text gives no ids (only ``bos``/``eos``).
+
+        >>> import datapipes as dp
+        >>> pipe = dp.from_sequence(["ab", "c"]).tokenize(lambda text: [ord(c) for c in text])
+        >>> [list(map(int, r["input_ids"])) for r in dp.Loader(pipe)]
+        [[97, 98], [99]]
+        """
+        from datapipes.text import Tokenize
+
+        return Tokenize(
+            self, tokenizer, field=field, output=output, bos=bos, eos=eos, block=block, name=name
+        )
+
+    def pack(
+        self,
+        seq_len: int,
+        method: str = "concat",
+        *,
+        field: str = "input_ids",
+        pad_id: int = 0,
+        bins: int = 8,
+        drop_last: bool = False,
+    ) -> DataPipe[Any]:
+        """Pack documents' token ids into sequences of ``seq_len`` tokens.
+
+        ``method="concat"``: documents end to end, cut every ``seq_len`` tokens (a
+        document may span sequences); ``"first_fit"``: documents kept whole in the first
+        of ``bins`` open sequences with room, padded (a document longer than ``seq_len``
+        gives its full chunks first). Each sequence is a dict of ``input_ids``,
+        ``labels`` (``-100`` at padding and at each segment's first token),
+        ``position_ids`` (restarting at every document's segment) and ``cu_seqlens``
+        (segment bounds for variable-length attention; a batch's are concatenated).
+        The state names positions in documents, never tokens; a resume on another
+        topology delivers every token of the epoch once. See :mod:`nodes.pack`.
+
+        >>> import datapipes as dp
+        >>> docs = dp.from_sequence([[1, 2, 3], [4, 5], [6]])
+        >>> [s["input_ids"].tolist() for s in dp.Loader(docs.pack(4))]
+        [[1, 2, 3, 4], [5, 6, 0, 0]]
+        """
+        from datapipes.text import Pack
+
+        return Pack(
+            self, seq_len, method=method, field=field, pad_id=pad_id, bins=bins,
+            drop_last=drop_last,
+        )  # fmt: skip
+
     def unbatch(self) -> DataPipe[Any]:
         """Split batches (lists, tensors, arrays, dicts of columns) back into items."""
         return _steps().Unbatch(self)

@@ -28,7 +28,10 @@ def default_collate(samples: list[Any]) -> Any:
     (see :func:`nodes.handover.shared_batch`); the values are the same.
 
     Arrays or tensors of different shapes raise an error naming the field;
-    pass ``collate_fn`` to ``batch`` to pad them or keep them as a list.
+    pass ``collate_fn`` to ``batch`` to pad them or keep them as a list. A field
+    named ``cu_seqlens`` (the segment bounds of packed sequences, see
+    :mod:`nodes.pack`) becomes the bounds of the sequences end to end (int32),
+    the form variable-length attention takes for the whole batch.
 
     >>> default_collate([{"x": 1, "y": "a"}, {"x": 2, "y": "b"}])
     {'x': tensor([1, 2]), 'y': ['a', 'b']}
@@ -66,7 +69,12 @@ def _collate(samples: list[Any], path: str) -> Any:
     if isinstance(first, str | bytes) or first is None:
         return list(samples)
     if isinstance(first, Mapping):
-        return {key: _collate([s[key] for s in samples], f"{path}[{key!r}]") for key in first}
+        return {
+            key: _collate_cu_seqlens([s[key] for s in samples])
+            if key == "cu_seqlens"
+            else _collate([s[key] for s in samples], f"{path}[{key!r}]")
+            for key in first
+        }
     if isinstance(first, tuple | list):
         width = len(first)
         if any(len(s) != width for s in samples):
@@ -88,6 +96,23 @@ def _collate(samples: list[Any], path: str) -> Any:
             "collate_fn=dp.no_collate)."
         )
     return list(samples)
+
+
+def _collate_cu_seqlens(samples: list[Any]) -> torch.Tensor:
+    """Packed sequences' segment bounds as one batch's: the sequences end to end, as
+    variable-length attention takes them (``flash_attn_varlen_func``'s ``cu_seqlens``)."""
+    bounds = [np.asarray(s, dtype=np.int64).reshape(-1) for s in samples]
+    shift = 0
+    parts = [np.zeros(1, dtype=np.int64)]
+    for b in bounds:
+        if len(b) < 2 or b[0] != 0 or np.any(np.diff(b) < 0):
+            raise ValueError(
+                "default_collate: a 'cu_seqlens' field must hold segment bounds [0, ..., n] "
+                f"(increasing from 0), got {b.tolist()[:8]}"
+            )
+        parts.append(b[1:] + shift)
+        shift += int(b[-1])
+    return torch.from_numpy(np.concatenate(parts).astype(np.int32))
 
 
 def _check_same_shape(samples: list[Any], path: str) -> None:

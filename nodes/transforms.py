@@ -106,7 +106,7 @@ class FlatMapNode(Node):
         self._current_len = 0
         self._pending = offset  # not applied yet: a state taken now keeps it
         self._indices: list[int] | None = None  # which of the parent's outputs are kept
-        self._selections = _leading_selections(self._up)
+        self._selections = leading_selections(self._up)
         self._parents = 0 if state is None else int(state.get("parents", 0))
         self._parents_before = self._parents
         children = self._children(offset)
@@ -206,7 +206,7 @@ class FlatMapNode(Node):
                 )
             items = self._origin[1]
             return [items[i] for i in outputs]
-        _check_order_kept(self, self._up)
+        check_order_kept(self, self._up)
         place, piece = self._origin
         return [(place, el.select(piece, outputs))]
 
@@ -233,7 +233,7 @@ class FlatMapNode(Node):
         return self._outputs_origin([self._original(i) for i in range(done, self._current_len)])
 
 
-def _leading_selections(node: Node) -> list[el.Piece]:
+def leading_selections(node: Node) -> list[el.Piece]:
     """The partly delivered items a dealt share starts with (their remaining outputs), when
     the source under ``node`` reads one: they reach this flat_map as its first parents."""
     while node.elastic != "source":
@@ -249,7 +249,7 @@ def _leading_selections(node: Node) -> list[el.Piece]:
     return selections
 
 
-def _check_order_kept(flat_map: Node, node: Node) -> None:
+def check_order_kept(flat_map: Node, node: Node) -> None:
     """Refuse partly delivered items where the steps below the flat_map could reorder them
     (they must reach it first, in the order its source hands them out)."""
     while node.elastic != "source":
@@ -258,7 +258,7 @@ def _check_order_kept(flat_map: Node, node: Node) -> None:
                 flat_map,
                 f"was in the middle of an item's outputs, and the step '{node.kind}' "
                 "below it could reorder items, so the rest of that item cannot be handed to "
-                "another consumer; put the flat_map right after the source and its maps",
+                f"another consumer; put the {flat_map.kind} right after the source and its maps",
             )
         node = node.inputs[0]
     if node.elastic_kind == el.STREAM:
@@ -273,8 +273,10 @@ def _keeps_order(node: Node) -> bool:
     """Whether ``node`` hands on its input's items in their order (it may drop some)."""
     if len(node.inputs) != 1:
         return False
-    return node.elastic == "transparent" or (
-        isinstance(node, ParallelMapNode) and bool(getattr(node, "_ordered", False))
+    return (
+        node.elastic == "transparent"
+        or getattr(node, "keeps_order", False)  # a step that says so (tokenize)
+        or (isinstance(node, ParallelMapNode) and bool(getattr(node, "_ordered", False)))
     )
 
 
