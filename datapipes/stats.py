@@ -31,6 +31,17 @@ class StepStats:
     #: Under dynamic dispatch (a source): ``{"units": {consumer: units claimed},
     #: "store_seconds": time spent on the store's claims}``; empty otherwise.
     dispatch: dict[str, Any] = field(default_factory=dict)
+    #: A ``mix``: ``{"weights": [...], "drawn": [items drawn from each input]}`` (the
+    #: realised proportions are ``shares``); empty otherwise.
+    mix: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shares(self) -> list[float]:
+        """A ``mix``'s realised proportions: the share of its items drawn from each input
+        (the weights, normalized, are what was asked for); empty for other steps."""
+        drawn = self.mix.get("drawn", [])
+        total = sum(drawn)
+        return [n / total if total else 0.0 for n in drawn]
 
     @property
     def us_per_item(self) -> float:
@@ -73,6 +84,8 @@ class PipelineStats:
         out = asdict(self)
         for row, step in zip(out["steps"], self.steps):
             row["us_per_item"] = step.us_per_item
+            if step.mix:
+                row["shares"] = step.shares
         return out
 
     def table(self) -> str:
@@ -105,6 +118,16 @@ class PipelineStats:
                 lines.append(
                     f"dynamic dispatch ({step.step}): units claimed by consumer {{{units}}}; "
                     f"{step.dispatch['store_seconds']:.3f} s claiming them from the store"
+                )
+        for step in self.steps:
+            if step.mix:
+                total = sum(step.mix["weights"]) or 1.0
+                shares = ", ".join(
+                    f"{100 * share:.1f}% (asked {100 * weight / total:.1f}%)"
+                    for share, weight in zip(step.shares, step.mix["weights"])
+                )
+                lines.append(
+                    f"{step.step}: drawn {step.mix['drawn']} items per input; shares {shares}"
                 )
         if self.leases:
             lease = self.leases
@@ -180,6 +203,10 @@ def merge_rows(
             for name in ("items", "self_seconds", "wait_seconds", "skipped"):
                 into[name] += row[name]
             add_losses(into["lost"], row.get("lost", {}))
+            if "mix" in row:
+                weights, drawn = row["mix"]["weights"], row["mix"]["drawn"]
+                mix = into.setdefault("merged_mix", {"weights": weights, "drawn": [0] * len(drawn)})
+                mix["drawn"] = [a + b for a, b in zip(mix["drawn"], drawn)]
             if "dispatch" in row:
                 mine = into.setdefault("merged_dispatch", {"units": {}, "store_seconds": 0.0})
                 mine["units"].update(row["dispatch"]["units"])
@@ -198,6 +225,7 @@ def merge_rows(
             skipped=row["skipped"],
             lost=row["lost"],
             dispatch=row.get("merged_dispatch", {}),
+            mix=row.get("merged_mix", {}),
         )
         for key, row in merged.items()
     ]

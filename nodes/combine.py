@@ -172,6 +172,8 @@ class MixNode(Node):
     ) -> None:
         super().__init__(*upstreams)
         self._weights = check_mix_args(len(upstreams), weights, stop)
+        #: The weights, for the statistics' realised shares (``Loader.stats()``).
+        self.mix_weights = tuple(self._weights)
         self._ctx = ctx
         self._key = key
         self._seed = seed

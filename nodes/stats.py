@@ -190,6 +190,10 @@ def graph_stats(root: Node | None) -> list[dict[str, Any]]:
         for inner in mine:  # a source under dynamic dispatch: its claims and store time
             if hasattr(inner, "dispatch_stats"):
                 row["dispatch"] = inner.dispatch_stats()
+        weights = getattr(node.inner, "mix_weights", None)
+        if weights is not None and all(isinstance(n, StatsNode) for n in node.inner.inputs):
+            # A mix's inputs are steps with rows of their own: their items are its draws.
+            row["mix"] = {"weights": list(weights), "drawn": [n.items for n in node.inner.inputs]}
         rows.append(row)
     rows.reverse()
     return rows
