@@ -40,7 +40,6 @@ from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import InvalidStateError
 from nodes.origins import OriginReader, refuse_random_map
 from nodes.state_checks import at, expect_int, expect_keys
-from nodes.transforms import check_order_kept, leading_selections
 
 METHODS = ("concat", "first_fit")
 #: The label of a token no loss is computed on (PyTorch's cross_entropy ignore_index).
@@ -58,6 +57,44 @@ def check_pack_args(seq_len: Any, method: Any, bins: Any, pad_id: Any) -> None:
         raise ValueError(f"pack bins must be an int >= 1, got {bins!r}")
     if type(pad_id) is not int:
         raise ValueError(f"pack pad_id must be an int, got {pad_id!r}")
+
+
+def check_origins(pack: Node, up: Node) -> None:
+    """Refuse partly delivered documents where the steps below ``pack`` cannot say which
+    source item each document came from (a buffer shuffle, a flat_map: they would need
+    notes), or a ``.shard()`` stream hands them out (in stream order only)."""
+    if not up.plain_origins():
+        raise el.refuse(
+            pack,
+            "was in the middle of a document, and a step below it (a buffer shuffle, a "
+            "flat_map) cannot say which document each of its items is, so the rest of that "
+            "document cannot be handed to another consumer; shuffle with the source "
+            "(.shuffle() without buffer_size on a sequence, or files' order) instead",
+        )
+    for part in el.sources_and_nodes(up):
+        if part.elastic == "source" and part.elastic_kind == el.STREAM:
+            raise el.refuse(
+                pack,
+                "was in the middle of a document of a .shard() stream, which hands its "
+                "items out in stream order only",
+            )
+
+
+def _token_ids(tokens: Any, field: str) -> np.ndarray:
+    """A document's ids as a 1-d int array; anything else a ``TypeError`` saying what it got."""
+    try:
+        array = np.asarray(tokens)
+    except (ValueError, TypeError):  # ragged lists
+        array = None
+    if array is not None and array.size == 0 and array.ndim == 1:
+        return array.astype(np.int64)  # [] is float64 to numpy
+    if array is None or array.ndim != 1 or array.dtype.kind not in "iu":
+        got = "ragged lists" if array is None else f"{array.dtype} of shape {array.shape}"
+        raise TypeError(
+            f"pack takes documents of token ids (1-d ints, such as tokenize gives in "
+            f"{field!r}), got {got}"
+        )
+    return array
 
 
 class _Doc:
@@ -104,59 +141,49 @@ class PackNode(Node):
         self._noting = False  # converting for another topology: note where documents came from
 
     # ----- reading documents --------------------------------------------------------------
-    def _documents(self, parents: int) -> Iterator[tuple[State, int, _Doc]]:
-        """(upstream state before it, parents read before it, the document) for every
-        document, with the selections of a share dealt after a topology change applied."""
+    def _documents(self) -> Iterator[tuple[State, _Doc]]:
+        """(upstream state before it, the document) for every document. After a topology
+        change, a partly delivered document comes with a selection of its tokens on its
+        origin, whenever it arrives (a mix may bring it late): only those are packed."""
         up, src = self._up, iter(self._up)
-        selections, noting, field = self._selections, self._noting, self._field
+        noting, track, field = self._noting, self._track, self._field
         while True:
             before = up.state_dict()
             parent = next(src, _END)
             if parent is _END:
                 self._end_state = before
-                self._end_parents = parents
                 return
-            tokens = parent[field] if isinstance(parent, dict) else parent
-            try:
-                tokens = np.asarray(tokens)
-            except Exception as error:
-                raise TypeError(f"pack: {field!r} is not token ids: {error}") from None
-            if tokens.size == 0 and tokens.ndim == 1:
-                tokens = tokens.astype(np.int64)  # [] is float64 to numpy
-            if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-                raise TypeError(
-                    f"pack takes documents of token ids (1-d ints, such as tokenize gives in "
-                    f"{field!r}), got {tokens.dtype} of shape {tokens.shape}"
-                )
+            tokens = _token_ids(parent[field] if isinstance(parent, dict) else parent, field)
             start = 0
-            if parents < len(selections):  # after a topology change: partly delivered first
-                kept = el.selected(selections[parents], len(tokens))
+            origin = up.last_origin() if noting or track else None
+            if track and el.has_selection(origin[1]):
+                kept = el.selected(origin[1], len(tokens))
                 start = kept[0] if kept else len(tokens)
                 if kept and kept != list(range(start, start + len(kept))):
                     raise InvalidStateError("plan", "a contiguous run of a document's tokens", kept)
                 tokens = tokens[start : start + len(kept)]
-            origin = up.last_origin() if noting else None
-            yield before, parents, _Doc(tokens, start, origin)
-            parents += 1
+            yield before, _Doc(tokens, start, origin)
 
     # ----- positions ----------------------------------------------------------------------
     def reset(self, state: State | None = None) -> None:
         self._up.reset(None if state is None else state[UPSTREAM])
-        self._selections = leading_selections(self._up)
-        parents = 0 if state is None else int(state.get("parents", 0))
+        self._track = el.selections_below(self._up)
+        if self._track:  # after a topology change: each document's origin says its selection
+            check_origins(self, self._up)
+            for part in el.sources_and_nodes(self._up):
+                if hasattr(part, "note_origins"):
+                    part.note_origins()
         self.dropped = 0
         self._held: list[tuple[Any, int, int]] = []  # (doc origin, from, upto): converting
         self._last_segments: list[tuple[Any, int, int]] = []
         if self._method == "concat":
             offset = 0 if state is None else int(state["offset"])
             self._state: State = {UPSTREAM: state[UPSTREAM], "offset": offset} if state else {}
-            self._it = self._concat(offset, parents)
+            self._it = self._concat(offset)
         else:
             emitted = 0 if state is None else int(state["emitted"])
             self._state = {UPSTREAM: state[UPSTREAM], "emitted": emitted} if state else {}
-            self._it = self._first_fit(emitted, parents)
-        if self._selections and state is not None:
-            self._state["parents"] = parents
+            self._it = self._first_fit(emitted)
         if self._noting:
             # Read now what was read before the state was taken (the document it is in the
             # middle of, the round's documents up to the sequences delivered), so that the
@@ -164,20 +191,17 @@ class PackNode(Node):
             if next(self._it, _END) is not _PRIMED:
                 raise AssertionError("a converting pack primes its generator")
 
-    def _set_state(self, before: State, parents: int, key: str, value: int) -> None:
-        state: State = {UPSTREAM: before, key: value}
-        if self._selections:
-            state["parents"] = parents
-        self._state = state
+    def _set_state(self, before: State, key: str, value: int) -> None:
+        self._state = {UPSTREAM: before, key: value}
 
-    def _concat(self, offset: int, parents: int) -> Iterator[Any]:
+    def _concat(self, offset: int) -> Iterator[Any]:
         size, noting = self._len, self._noting
         parts: list[np.ndarray] = []
         segments: list[tuple[Any, int, int]] = []  # what the sequence holds (its origin)
         filled = 0
         if noting and not offset:
             yield _PRIMED  # nothing of the state's document was delivered: read nothing
-        for before, read, doc in self._documents(parents):
+        for before, doc in self._documents():
             tokens, count = doc.tokens, len(doc.tokens)
             position, offset = offset, 0
             if position:
@@ -194,17 +218,17 @@ class PackNode(Node):
                 position += take
                 if filled == size:
                     if position < count:
-                        self._set_state(before, read, "offset", position)
+                        self._set_state(before, "offset", position)
                         if noting:
                             self._held = [(doc.origin, doc.start + position, doc.start + count)]
                     else:
-                        self._set_state(self._up.state_dict(), read + 1, "offset", 0)
+                        self._set_state(self._up.state_dict(), "offset", 0)
                         self._held = []
                     self._last_segments = segments
                     yield self._sequence(parts)
                     parts, segments, filled = [], [], 0
             self._held = []
-        self._set_state(self._end_state, self._end_parents, "offset", 0)
+        self._set_state(self._end_state, "offset", 0)
         if filled:
             if self._drop_last:
                 self.dropped += filled
@@ -212,19 +236,19 @@ class PackNode(Node):
             self._last_segments = segments
             yield self._sequence(parts)
 
-    def _first_fit(self, skip: int, parents: int) -> Iterator[Any]:
+    def _first_fit(self, skip: int) -> Iterator[Any]:
         size, most, noting = self._len, self._bins, self._noting
         if noting and not skip:
             yield _PRIMED  # nothing of the state's round was delivered: read nothing
-        docs = self._documents(parents)
+        docs = self._documents()
         entry = next(docs, None)
         while entry is not None:
-            round_before, round_parents = entry[0], entry[1]
+            round_before = entry[0]
             bins: list[tuple[list[np.ndarray], list[tuple[Any, int, int]]]] = []
             room: list[int] = []
             count = 0  # sequences of the round emitted
             while entry is not None:
-                doc = entry[2]
+                doc = entry[1]
                 tokens, length = doc.tokens, len(doc.tokens)
                 full, tail = divmod(length, size)
                 fits = -1
@@ -237,7 +261,7 @@ class PackNode(Node):
                     if count < skip:
                         continue
                     stop = doc.start + (chunk + 1) * size
-                    self._set_state(round_before, round_parents, "emitted", count)
+                    self._set_state(round_before, "emitted", count)
                     if noting:  # the round's bins, and the rest of this document
                         rest = [(doc.origin, stop, doc.start + length)]
                         self._held = [s for _, segs in bins for s in segs] + rest
@@ -262,15 +286,15 @@ class PackNode(Node):
                     continue
                 if index == len(bins) - 1:  # delivered: the next round starts before `entry`
                     if entry is None:
-                        self._set_state(self._end_state, self._end_parents, "emitted", 0)
+                        self._set_state(self._end_state, "emitted", 0)
                     else:
-                        self._set_state(entry[0], entry[1], "emitted", 0)
+                        self._set_state(entry[0], "emitted", 0)
                 else:
-                    self._set_state(round_before, round_parents, "emitted", count)
+                    self._set_state(round_before, "emitted", count)
                 if noting:
                     self._held = [s for _, segs in bins[index + 1 :] for s in segs]
                     if entry is not None:
-                        doc = entry[2]
+                        doc = entry[1]
                         self._held.append((doc.origin, doc.start, doc.start + len(doc.tokens)))
                 if count == skip:
                     if noting:
@@ -281,7 +305,7 @@ class PackNode(Node):
             if count < skip:
                 raise InvalidStateError("emitted", f"at most {count} (the round's sequences)", skip)
             skip = 0
-        self._set_state(self._end_state, self._end_parents, "emitted", 0)
+        self._set_state(self._end_state, "emitted", 0)
         self._held = []
 
     def _sequence(self, parts: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -320,10 +344,8 @@ class PackNode(Node):
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         key = "offset" if self._method == "concat" else "emitted"
-        expect_keys(state, path, {UPSTREAM, key}, optional={"parents"})
+        expect_keys(state, path, {UPSTREAM, key})
         expect_int(state, key, path)  # checked against the documents when they are read
-        if "parents" in state:
-            expect_int(state, "parents", path)
         self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
 
     # ----- elastic resume (nodes.elastic) ---------------------------------------------------
@@ -337,7 +359,7 @@ class PackNode(Node):
                 continue
             if origin[0] == el.BATCH:
                 raise el.refuse(self, "packs batches: unbatch them first")
-            check_order_kept(self, self._up)
+            check_origins(self, self._up)
             place, piece = origin
             whole = {k: v for k, v in piece.items() if k not in ("outputs", "from", "upto")}
             out.append((place, {**whole, "from": start, "upto": stop}))

@@ -76,6 +76,14 @@ class TokenizeNode(Node):
         # again, a state taken is the one given: one more record is assumed to come).
         self._returned, self._length = skip, skip + 1 if skip else 0
         self._block_state = self._before
+        self._track = False  # a pack above asks each record's origin: note_origins()
+        self._notes: list[Any] = []
+        if self._inline and skip:
+            # Converting: the block's first records were returned; read them now, so that
+            # the source's position is past them (the rest of the block is untouched).
+            if len(list(islice(self._src, skip))) < skip:
+                raise InvalidStateError("skip", "at most the records left", skip)
+            self._before, self._length, self._returned, skip = None, 0, 0, 0
         self._it = self._records(skip)
 
     def _records(self, skip: int) -> Iterator[Any]:
@@ -84,7 +92,14 @@ class TokenizeNode(Node):
         while True:
             before = self._before if self._before is not None else up.state_dict()
             self._before = None
-            raw = list(islice(src, max(size, skip)))
+            if self._track:
+                raw, notes = [], self._notes
+                notes.clear()
+                for record in islice(src, max(size, skip)):
+                    raw.append(record)
+                    notes.append(up.last_origin())
+            else:
+                raw = list(islice(src, max(size, skip)))
             if skip > len(raw):
                 raise InvalidStateError("skip", f"at most {len(raw)} (the records left)", skip)
             if not raw:
@@ -179,7 +194,20 @@ class TokenizeNode(Node):
         self._inline = True
 
     def last_origin(self) -> Any:
+        if self._track:
+            return self._notes[self._returned - 1]
+        if not self._inline:
+            raise AssertionError("tokenize reads ahead: its last origin is noted only if tracked")
         return self._up.last_origin()  # inline: the record returned last is upstream's last
+
+    def note_origins(self) -> None:
+        """Note every record's origin from now on, for :meth:`last_origin` (asked by a pack
+        above after a topology change, while the epoch lasts; see nodes.pack)."""
+        self._track = True
+
+    def plain_origins(self) -> bool:
+        # Its records' origins are noted whenever a pack above needs them (see reset).
+        return self._up.plain_origins()
 
     def origin_reader(self) -> OriginReader:
         raise reads_ahead(self)

@@ -36,7 +36,13 @@ items and lists where they came from: :meth:`nodes.Node.in_flight`); ``None``:
 no exact answer, and a resume on another topology is refused naming the step.
 """
 
-from nodes.elastic.conversion import check_graph, consumer_work, live_nodes, sources_and_nodes
+from nodes.elastic.conversion import (
+    check_graph,
+    consumer_work,
+    live_nodes,
+    selections_below,
+    sources_and_nodes,
+)
 from nodes.elastic.pieces import (
     BATCH,
     FILES,
@@ -109,6 +115,7 @@ __all__ = [
     "rest_of_plan",
     "select",
     "selected",
+    "selections_below",
     "single",
     "sources_and_nodes",
     "stream_targets",

@@ -25,6 +25,18 @@ def sources_and_nodes(root: Node[Any]) -> Iterator[Node[Any]]:
         yield from sources_and_nodes(node)
 
 
+def selections_below(node: Node[Any]) -> bool:
+    """Whether a source under ``node`` was dealt partly delivered items (pieces with a
+    selection of their outputs: after a resume on another topology). A step that takes
+    them (``pack``) then asks each item's origin for its selection while it reads."""
+    for part in sources_and_nodes(node):
+        if part.elastic == "source":
+            plan = getattr(part, "_plan", None) or ()
+            if any("outputs" in piece or "from" in piece for piece in plan):
+                return True
+    return False
+
+
 _NO_HOOK = (
     'declares no elastic hook: set the class attribute elastic = "transparent" on a node '
     "that holds no item between two next() calls and whose reset(state) puts its input right "
