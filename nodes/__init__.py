@@ -15,6 +15,7 @@ from nodes.even import EvenBatchesNode
 from nodes.files import FileListNode, FileSet
 from nodes.iterable import IterableNode
 from nodes.origins import RandomMapError
+from nodes.pack import PackNode
 from nodes.parallel_map import ParallelMapNode
 from nodes.prefetch import PrefetchNode
 from nodes.random_map import RandomMapNode
@@ -25,6 +26,7 @@ from nodes.shuffle import BufferShuffleNode
 from nodes.sources import SequenceNode
 from nodes.stats import StatsNode
 from nodes.tensor_tree import apply_to_tensors
+from nodes.tokenize import TokenizeNode
 from nodes.transforms import FilterNode, FlatMapNode, MapNode, RepeatNode, TakeNode
 from nodes.workers import WorkerStreamNode
 
@@ -47,6 +49,7 @@ __all__ = [
     "MapNode",
     "MixNode",
     "Node",
+    "PackNode",
     "ParallelMapNode",
     "PinMemoryNode",
     "PrefetchNode",
@@ -62,6 +65,7 @@ __all__ = [
     "StatsNode",
     "TakeNode",
     "ToDeviceNode",
+    "TokenizeNode",
     "UPSTREAM",
     "UniformStream",
     "WholeDataContext",

@@ -289,3 +289,14 @@ def test_tokenize_arguments_are_checked() -> None:
         dp.range(3).tokenize(encode_chars, bos=-1)
     with pytest.raises(ValueError, match="block"):
         dp.range(3).tokenize(encode_chars, block=0)
+
+
+@pytest.mark.slow  # DataLoader worker processes
+def test_a_hugging_face_tokenizer_in_workers_delivers_every_token_once() -> None:
+    tok = small_tokenizer()
+    texts = [f"the cat {i} sat on the mat " * (i % 5 + 1) for i in range(300)]
+    tok.encode_batch(texts[:50])  # its threads ran before the workers were forked
+    pipe = dp.from_sequence(texts).tokenize(tok, eos=1, block=32).pack(64).batch(4)
+    with dp.Loader(pipe, num_workers=2) as loader:
+        got = sorted(t for b in loader for t in b["input_ids"].reshape(-1).tolist() if t)
+    assert got == sorted(t for text in texts for t in [*tok.encode(text).ids, 1])
