@@ -121,9 +121,9 @@ class PipelineStats:
                 )
         for step in self.steps:
             if step.mix:
-                total = sum(step.mix["weights"]) or 1.0
+                weights = sum(step.mix["weights"]) or 1.0
                 shares = ", ".join(
-                    f"{100 * share:.1f}% (asked {100 * weight / total:.1f}%)"
+                    f"{100 * share:.1f}% (asked {100 * weight / weights:.1f}%)"
                     for share, weight in zip(step.shares, step.mix["weights"])
                 )
                 lines.append(

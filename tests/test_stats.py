@@ -610,3 +610,33 @@ def test_sampled_seconds_are_not_aliased_by_a_power_of_two_fan_out(
     assert flat_map.items == 16_000
     # The step's own time is all of the work; an unbiased 1-in-16 estimate is close to it.
     assert flat_map.self_seconds == pytest.approx(clock.now, rel=0.5)
+
+
+def test_a_mix_reports_its_realised_shares_against_its_weights() -> None:
+    # the draws are seeded: 10,000 items drawn 70/30 land within a point of the weights
+    a, b = dp.range(7_000), dp.range(7_000, 10_000)
+    loader = dp.Loader(dp.mix([a, b], weights=[7, 3]).batch(10), stats=True, seed=3)
+    batches = list(islice(iter(loader), 500))  # 5,000 of the 10,000: before either runs out
+    stats = loader.stats()
+    (mix,) = [step for step in stats.steps if step.mix]
+    assert mix.mix["weights"] == [7.0, 3.0]  # as given (the shares say 70%, 30% asked)
+    assert sum(mix.mix["drawn"]) == mix.items == 5_000 == sum(len(b) for b in batches)
+    assert abs(mix.shares[0] - 0.7) < 0.02 and abs(sum(mix.shares) - 1) < 1e-9
+    text = stats.table()
+    assert f"drawn {mix.mix['drawn']} items per input" in text and "(asked 70.0%)" in text
+    assert stats.as_dict()["steps"][[s.step for s in stats.steps].index(mix.step)]["shares"]
+    # the slowest step's share is of the steps' own time, not of the weights
+    slowest = stats.slowest()
+    assert slowest is not None
+    total = sum(step.self_seconds for step in stats.steps)
+    expected = f"({100 * slowest.self_seconds / total:.0f}% of the steps' own time)"
+    assert expected in text
+
+
+@pytest.mark.slow  # DataLoader worker processes
+def test_a_mix_in_workers_reports_the_draws_of_all_of_them() -> None:
+    pipe = dp.mix([dp.range(600), dp.range(600, 800)], weights=[3, 1]).batch(8)
+    with dp.Loader(pipe, num_workers=2, stats=True) as loader:
+        list(loader)
+        (mix,) = [step for step in loader.stats().steps if step.mix]
+    assert mix.mix["drawn"] == [600, 200] and mix.processes == 2
