@@ -25,6 +25,7 @@ EXPECTED = [
     "07_feeding_the_gpu",
     "08_reuse_across_projects",
     "09_preprocess_and_write",
+    "10_text_pretraining",
 ]
 
 
