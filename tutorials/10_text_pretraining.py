@@ -10,14 +10,15 @@
 #
 # This tutorial generates two small corpora ("web" prose in parquet shards,
 # "code" in JSONL shards), trains a tiny BPE tokenizer on them in a second
-# with Hugging Face `tokenizers` (nothing is downloaded), and mixes them
-# 70/30. It looks at one packed sequence (`position_ids`, `cu_seqlens`, an
-# attention mask built from them) and at the mix's realised shares. Then a
-# real `torch.distributed` job (gloo, CPU, launched with `torchrun`) of 2
-# ranks reads part of the epoch and checkpoints on every rank; a job of 3
-# ranks merges the checkpoints and finishes the epoch. Every token of the
-# epoch arrives exactly once, which it checks token by token against an
-# uninterrupted run.
+# with Hugging Face `tokenizers` (nothing is downloaded), mixes their
+# documents 70/30 and packs them: a sequence holds documents of both
+# corpora. It looks at one packed sequence (`position_ids`, `cu_seqlens`,
+# an attention mask built from them) and at the mix's realised shares. Then
+# a real `torch.distributed` job (gloo, CPU, launched with `torchrun`) of 2
+# ranks reads part of the epoch and checkpoints on every rank, in the
+# middle of documents; a job of 3 ranks merges the checkpoints and finishes
+# the epoch. Every token of the epoch arrives exactly once, which it checks
+# token by token against an uninterrupted run.
 #
 # Run `python tutorials/10_text_pretraining.py` (it launches both jobs
 # itself); it asserts what it shows. Needs `pip install -e '.[text,parquet]'`.
@@ -33,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -58,11 +58,12 @@ tutorial_start = time.perf_counter()
 # %% [markdown]
 # ## Two corpora
 #
-# "web": 320 documents of prose in 4 parquet shards (row groups of 16
-# rows); "code": 90 small Python-like files in 3 JSONL shards. Every record
-# has an `id` (the code ids start at 100,000) and a `text`. A few web
-# documents are empty (they will add only their end-of-document token) and
-# a few are much longer than a sequence (they span several). Everything comes from one seed.
+# "web": 280 documents of prose in 4 parquet shards (row groups of 16
+# rows); "code": 120 small Python-like files in 3 JSONL shards: 70% and 30%
+# of the documents. Every record has an `id` (the code ids start at
+# 100,000) and a `text`. A few web documents are empty (they will add only
+# their end-of-document token) and a few are much longer than a sequence
+# (they span several). Everything comes from one seed.
 #
 # The folder has a fixed name: a recipe's identity holds its file paths,
 # and every random stream of the recipe (the shard orders, the mix's draws)
@@ -100,8 +101,8 @@ def code_text(i: int) -> str:
     return "\n".join([*lines, "    return total", ""])
 
 
-web = [{"id": i, "text": web_text(i)} for i in range(320)]
-code = [{"id": 100_000 + i, "text": code_text(i)} for i in range(90)]
+web = [{"id": i, "text": web_text(i)} for i in range(280)]
+code = [{"id": 100_000 + i, "text": code_text(i)} for i in range(120)]
 (workdir / "web").mkdir()
 (workdir / "code").mkdir()
 for shard in range(4):
@@ -145,18 +146,17 @@ print(f"vocabulary: {tokenizer.get_vocab_size()} ids; {example.tokens} -> {examp
 # ## The recipe
 #
 # Per corpus: shuffle the shard order (a new order every epoch), read the
-# records, tokenize their `text` (`eos=EOS` appends `[EOS]` to every
+# records and tokenize their `text` (`eos=EOS` appends `[EOS]` to every
 # document; each tokenizer call encodes a block of 128 documents at once, on
-# the tokenizer's own threads) and pack the token ids into sequences of
-# `SEQ_LEN`. `method="concat"` (the default) puts documents end to end and
-# cuts every `SEQ_LEN` tokens: no padding but at the very end, and a
-# document may continue in the next sequence. Then `dp.mix` draws each next
-# sequence from "web" with probability 0.7 and from "code" with 0.3, and
-# `.batch` stacks 4 of them.
-#
-# Here the mix draws whole **sequences**: each sequence holds one corpus.
-# (Mixing the documents and packing after the mix is shown further down,
-# with the one thing it cannot do.)
+# the tokenizer's own threads). Then `dp.mix` draws each next **document**
+# from "web" with probability 0.7 and from "code" with 0.3, `.pack` packs
+# the token ids into sequences of `SEQ_LEN`, and `.batch` stacks 4 of them.
+# `method="concat"` (the default) puts documents end to end and cuts every
+# `SEQ_LEN` tokens: no padding but at the very end, and a document may
+# continue in the next sequence. So a sequence holds documents of both
+# corpora, in the mix's proportions. (Packing each corpus and mixing the
+# sequences, `dp.mix([web.pack(n), code.pack(n)], ...)`, is the other
+# option: each sequence then holds one corpus.)
 #
 # `trace=True` is for the checks of this tutorial only, see below.
 
@@ -170,17 +170,18 @@ def trace_tokens(record: dict) -> dict:
     return {**record, "input_ids": where | ids}
 
 
-def corpora(folder: str, tokenizer: Tokenizer, trace: bool = False) -> list[dp.DataPipe]:
+def corpora(folder: str, tokenizer: Tokenizer) -> list[dp.DataPipe]:
     """The two corpora's documents as token ids: web, code."""
     web = dp.files(f"{folder}/web/*.parquet").shuffle().read_parquet()
     code = dp.files(f"{folder}/code/*.jsonl").shuffle().read_jsonl()
-    tokens = [records.tokenize(tokenizer, eos=EOS) for records in (web, code)]
-    return [pipe.map(trace_tokens) for pipe in tokens] if trace else tokens
+    return [records.tokenize(tokenizer, eos=EOS) for records in (web, code)]
 
 
 def recipe(folder: str, tokenizer: Tokenizer, trace: bool = False) -> dp.DataPipe:
-    sequences = [pipe.pack(SEQ_LEN, pad_id=PAD) for pipe in corpora(folder, tokenizer, trace)]
-    return dp.mix(sequences, weights=WEIGHTS).batch(BATCH)
+    documents = dp.mix(corpora(folder, tokenizer), weights=WEIGHTS)
+    if trace:
+        documents = documents.map(trace_tokens)
+    return documents.pack(SEQ_LEN, pad_id=PAD).batch(BATCH)
 
 
 # %% [markdown]
@@ -312,23 +313,33 @@ print(f"loss {loss.item():.2f} over {int((targets != -100).sum())} of {targets.n
 # ## The mix: asked and realised
 #
 # `loader.stats()` (with `stats=True`) counts the items the mix drew from
-# each input (sequences here) and prints the realised shares next to the
-# weights. With the default `stop="all_exhausted"` every sequence of both
-# corpora comes exactly once per epoch: the weights set the pace of the
-# draws while both corpora last, and a corpus that runs out leaves the draw
-# (the rest of the epoch comes from the others). So over a whole epoch the
-# shares are the corpora's sizes, here made about 70/30; a corpus too small
-# for its weight shows as a share below it. `stop="first_exhausted"` ends
-# the epoch when a drawn corpus runs out instead, keeping the proportions
-# (and leaving the rest of the other corpus unread).
+# each input (documents here: the mix stands before the pack) and prints
+# the realised shares next to the weights. With the default
+# `stop="all_exhausted"` every document of both corpora comes exactly once
+# per epoch: the weights set the pace of the draws while both corpora last,
+# and a corpus that runs out leaves the draw (the rest of the epoch comes
+# from the other). So over a whole epoch the shares are the corpora's sizes
+# in documents, here made 70/30; a corpus too small for its weight shows as
+# a share below it. `stop="first_exhausted"` ends the epoch when a drawn
+# corpus runs out instead, keeping the proportions (and leaving the rest of
+# the other corpus unread).
+#
+# The shares count documents, not tokens: a corpus of longer documents
+# gets more than its weight in tokens (here the code files are longer than
+# most web documents). Choose the weights, or the corpora, with that in mind.
 
 # %%
 stats = loader.stats()
 mix_line = next(line for line in str(stats).splitlines() if " shares " in line)
 print(mix_line)
 mix_step = next(step for step in stats.steps if step.mix)
-assert sum(mix_step.mix["drawn"]) == sum(len(b["input_ids"]) for b in plain)
+assert mix_step.mix["drawn"] == [len(web), len(code)]  # every document once
 assert all(abs(share - weight) < 0.05 for share, weight in zip(mix_step.shares, WEIGHTS))
+web_tokens, code_tokens = (
+    sum(len(tokenizer.encode(doc["text"]).ids) + 1 for doc in docs) for docs in (web, code)
+)
+web_share = web_tokens / (web_tokens + code_tokens)
+print(f"in tokens: web {web_share:.1%}, code {1 - web_share:.1%}")
 
 # %% [markdown]
 # ## Which token is which: the reference for the checks
@@ -337,15 +348,16 @@ assert all(abs(share - weight) < 0.05 for share, weight in zip(mix_step.shares, 
 # check that token by token, a token must say which it is: with 400 ids,
 # each id occurs hundreds of times, and a lost token hidden by a repeated
 # one with the same id would go unnoticed in a count of ids. So the jobs
-# run the recipe with `trace=True`: `trace_tokens`, a map right after
-# `tokenize`, widens every id into one int64 that holds (document, index
+# run the recipe with `trace=True`: `trace_tokens`, a map between the mix
+# and the pack, widens every id into one int64 that holds (document, index
 # in the document, id), unique across the epoch. A map moves no position
 # and holds nothing, so the traced recipe reads, packs, checkpoints and
-# resumes like the plain one, and packs the very same sequences (`& 0xFFF`
-# takes the ids back). Their order differs: a step's random stream is
-# seeded by its place in the recipe's structure (never by function names),
-# and below the mix there is one more step now, so it draws another
-# interleaving. The checks compare traced runs with traced runs.
+# resumes like the plain one. It even gives the very same batches (`&
+# 0xFFF` takes the ids back): a step's random stream is seeded from the
+# steps below it and itself (never from function names), and the map
+# stands above the mix, so the mix draws as in the plain recipe. (A map
+# below the mix would change the mix's draws: the same tokens, another
+# interleaving.)
 #
 # The uninterrupted run is then checked against the corpora themselves:
 # every token of every document (its `[EOS]` included) once, nothing else
@@ -355,11 +367,7 @@ assert all(abs(share - weight) < 0.05 for share, weight in zip(mix_step.shares, 
 traced = [b["input_ids"] for b in dp.Loader(recipe(str(workdir), tokenizer, trace=True), seed=SEED)]
 
 
-def sequences(batches: list[torch.Tensor]) -> Counter:
-    return Counter(tuple(row.tolist()) for batch in batches for row in batch)
-
-
-assert sequences([t & 0xFFF for t in traced]) == sequences([b["input_ids"] for b in plain])
+assert all(torch.equal(t & 0xFFF, b["input_ids"]) for t, b in zip(traced, plain, strict=True))
 
 
 def real_tokens(batches: list[torch.Tensor]) -> list[int]:
@@ -378,58 +386,70 @@ assert sorted(reference) == sorted(every_token)  # each token once (the traces a
 padding = sum(b.numel() for b in traced) - len(reference)
 print(
     f"one process: {len(traced)} batches, {len(reference):,} tokens of {len(web) + len(code)} "
-    f"documents, each once, and {padding} padding tokens (the end of each corpus's last sequence)"
+    f"documents, each once, and {padding} padding tokens (the end of the last sequence)"
 )
+rows = [row[row != PAD] for batch in traced for row in batch]
+both = sum(1 for row in rows if (row >> 32 <= len(web)).any() and (row >> 32 > len(web)).any())
+assert both > len(rows) // 3  # documents of the two corpora share sequences
+print(f"{both} of {len(rows)} sequences hold documents of both corpora")
 
 # %% [markdown]
-# ## Mixing documents instead of sequences
+# ## Resuming, in one process first
 #
-# Packing *after* the mix puts documents of both corpora into one
-# sequence: `dp.mix(corpora, weights).pack(...)`. The mix then draws
-# documents, and its shares are in documents (not tokens: a corpus of long
-# documents gets more than its weight in tokens). It checkpoints and resumes
-# exactly on the topology it was saved with, like every recipe.
-#
-# What it cannot do is resume on **another** number of ranks from a
-# checkpoint taken in the middle of a document (with `concat` packing:
-# nearly always). The rest of that document would have to be handed to one
-# of the new ranks and reach its pack before anything else, and a mix (like
-# a buffer shuffle, `dp.concat` or a `flat_map` between the source and the
-# pack) decides the order in which documents reach the pack. The load says
-# so with a `dp.ElasticResumeError` naming the step, instead of guessing.
-# Pack each corpus and mix the sequences (as the recipe above does) to keep
-# elastic resume.
+# Two ranks (given explicitly here, in this one process) each take 3
+# batches and save their state, in the middle of documents. On the
+# topology it was saved with, a rank's own state resumes exactly: the same
+# sequences in the same order as the uninterrupted rank. The states of
+# both ranks, merged with `dp.merge_states`, load on 3 ranks: each new rank
+# computes its share of the rest of the epoch, the rests of the documents
+# the old ranks' packs were in the middle of included (the job below does
+# this with `torchrun`, and checks every token).
 
 # %%
-by_document = dp.mix(corpora(str(workdir), tokenizer), weights=WEIGHTS)
-by_document = by_document.pack(SEQ_LEN, pad_id=PAD).batch(BATCH)
-one_process = dp.Loader(by_document, seed=SEED, stats=True)
-for _ in one_process:
-    pass
-print([line for line in str(one_process.stats()).splitlines() if " shares " in line][0])
-documents = next(step for step in one_process.stats().steps if step.mix)
-assert documents.mix["drawn"] == [len(web), len(code)]  # every document once
-web_share = sum(1 for token in every_token if token >> 32 <= len(web)) / len(every_token)
-print(f"in tokens: web {web_share:.1%}, code {1 - web_share:.1%}")
-
-two_ranks = [dp.Loader(by_document, seed=SEED, rank=r, world_size=2) for r in range(2)]
+mixed = recipe(str(workdir), tokenizer)
+two_ranks = [dp.Loader(mixed, seed=SEED, rank=r, world_size=2) for r in range(2)]
 for rank_loader in two_ranks:
     batches = iter(rank_loader)
     for _ in range(3):
         next(batches)
 saved = [rank_loader.state_dict() for rank_loader in two_ranks]
-resumed = dp.Loader(by_document, seed=SEED, rank=0, world_size=2)  # the topology it was saved with
-resumed.load_state_dict(saved[0])
+offsets = [json.loads(state["ranks"][str(r)]["node"])["offset"] for r, state in enumerate(saved)]
+assert all(offsets)  # each rank's pack is in the middle of a document (tokens of it delivered)
+resumed = dp.Loader(mixed, seed=SEED, rank=0, world_size=2)
+resumed.load_state_dict(saved[0])  # the topology it was saved with
 rest = [b["input_ids"] for b in resumed]
-again = [b["input_ids"] for b in dp.Loader(by_document, seed=SEED, rank=0, world_size=2)][3:]
+again = [b["input_ids"] for b in dp.Loader(mixed, seed=SEED, rank=0, world_size=2)][3:]
 assert all(torch.equal(a, b) for a, b in zip(rest, again, strict=True))  # exact
+on_three = dp.Loader(mixed, seed=SEED, rank=0, world_size=3)
+on_three.load_state_dict(dp.merge_states(saved))  # another topology: it loads
+print(f"rank 0 of 2: the same {len(rest)} batches as uninterrupted; rank 0 of 3 loads the merge")
+
+# %% [markdown]
+# What resuming on another topology needs is that the pack can tell which
+# document every item below it is, so that the rest of a partly delivered
+# document is taken wherever it arrives. Maps, filters, `tokenize`, ordered
+# parallel maps, `dp.mix` and `dp.concat` keep that. A **buffer shuffle**
+# (`.shuffle(buffer_size=...)`) or a `flat_map` between the source and the
+# pack does not, nor does a `.shard()` stream: a checkpoint taken in the
+# middle of a document then refuses another topology with a
+# `dp.ElasticResumeError` naming the pack (it still resumes exactly on its
+# own topology). Shuffle the shards (as here) or a random-access source,
+# and, if you like, the packed sequences with a buffer after the pack.
+
+# %%
+buffered = [pipe.shuffle(buffer_size=64) for pipe in corpora(str(workdir), tokenizer)]
+buffered = dp.mix(buffered, weights=WEIGHTS).pack(SEQ_LEN, pad_id=PAD).batch(BATCH)
+two_ranks = [dp.Loader(buffered, seed=SEED, rank=r, world_size=2) for r in range(2)]
+for rank_loader in two_ranks:
+    next(iter(rank_loader))
+merged = dp.merge_states([rank_loader.state_dict() for rank_loader in two_ranks])
 try:
-    dp.Loader(by_document, seed=SEED, rank=0, world_size=3).load_state_dict(dp.merge_states(saved))
+    dp.Loader(buffered, seed=SEED, rank=0, world_size=3).load_state_dict(merged)
 except dp.ElasticResumeError as error:
-    print("on 3 ranks:", str(error).split(";")[0])
-    assert "'mix'" in str(error)
+    print("a buffer shuffle below the pack, on 3 ranks:", str(error).split(";")[0])
+    assert "'pack'" in str(error)
 else:
-    raise AssertionError("a pack after a mix, mid-document, must not resume on another world size")
+    raise AssertionError("a buffer shuffle below a pack, mid-document: refused elsewhere")
 
 # %% [markdown]
 # ## The job, part 1: 2 ranks, a checkpoint mid-epoch
@@ -552,19 +572,21 @@ assert all(len(tokens) > 0 for tokens in before)
 
 # %% [markdown]
 # What a rank saved is plain data, and small: positions, never tokens.
-# The node state of rank 0 is the mix's (its draws, and one state per
-# input); in the state of the web input, from the outside in: the pack's
-# `offset` (the tokens of its current document already delivered),
-# tokenize's `skip` (the records of its current block already handed on)
-# and the parquet reader's position where that block starts (the file, its
-# part, the row). A resume reads that block again and encodes only the
-# records not handed on.
+# The node state of rank 0, from the outside in: the pack's `offset` (the
+# tokens of its current document already delivered) and the state of the
+# mix where that document was drawn: its draws so far, and one state per
+# input. In the web input's: tokenize's `skip` (the records of its current
+# block already handed on) and the parquet reader's position where that
+# block starts (the file, its part, the row). A resume reads that block
+# again and encodes only the records not handed on.
 
 # %%
 saved = [dp.load_checkpoint(workdir / "checkpoints" / f"rank{r}.pt")["data"] for r in range(2)]
 print("bytes of JSON per rank:", [len(json.dumps(state)) for state in saved])
 node = json.loads(saved[0]["ranks"]["0"]["node"])
-print("rank 0, the web input:", json.dumps(node["upstream"][0]))
+mix_state = node["upstream"]
+print(f"rank 0: the pack's offset {node['offset']}, the mix's draws {mix_state['draws']}")
+print("rank 0, the web input:", json.dumps(mix_state["upstream"][0]))
 assert all(len(json.dumps(state)) < 10_000 for state in saved)
 
 # %% [markdown]
@@ -599,7 +621,9 @@ else:
 # without talking to the others), loads it, and reads to the end of the
 # epoch. The rest of the epoch is dealt anew: untouched shards and rests of
 # shards, and the documents the old ranks were in the middle of, each to
-# one new rank, which packs the rest of that document's tokens first.
+# one new rank. That document comes through the mix with the other
+# documents (perhaps after some of them), and the pack knows it by where
+# it was read from: it packs only the tokens not delivered yet.
 
 # %%
 run_torchrun(3, str(workdir), "after")
@@ -636,13 +660,14 @@ print(f"documents cut by the checkpoint, continued on the new ranks: {cut}")
 #   merged state), every remaining token of the epoch exactly once, the
 #   rest of a partly delivered document included; the sequences they are
 #   packed into may differ.
-# * That needs the documents to reach the pack in the order their source
-#   hands them out: maps, filters, `tokenize` and ordered parallel maps
-#   may stand between the source and the pack; a mix, a buffer shuffle,
-#   `dp.concat` or a `flat_map` there makes a mid-document checkpoint
-#   refuse another topology (`dp.ElasticResumeError`). Mix after packing,
-#   as here, and shuffle the shards (and, if you like, the packed
-#   sequences, with a buffer after the pack).
+# * That holds with the mix before the pack, as here, or after it (packs
+#   per corpus, mixed): the pack must be able to tell which document each
+#   item below it is. Maps, filters, `tokenize`, ordered parallel maps,
+#   `dp.mix` and `dp.concat` may stand between the sources and the pack; a
+#   buffer shuffle or a `flat_map` there, or a `.shard()` stream, makes a
+#   mid-document checkpoint refuse another topology
+#   (`dp.ElasticResumeError` naming the pack). Shuffle the shards, as here
+#   (and, if you like, the packed sequences, with a buffer after the pack).
 # * A recipe with another tokenizer is another recipe: its checkpoints
 #   do not load into this one.
 #
