@@ -65,15 +65,13 @@ tutorial_start = time.perf_counter()
 # their end-of-document token) and a few are much longer than a sequence
 # (they span several). Everything comes from one seed.
 #
-# The folder has a fixed name: a recipe's identity holds its file paths,
-# and every random stream of the recipe (the shard orders, the mix's draws)
-# is seeded from its identity, so the same folder gives the same run, and
-# the same printout, every time.
+# The folder is a new temporary one. A recipe's identity holds its file
+# paths, and every random stream of the recipe (the shard orders, the mix's
+# draws) is seeded from its identity, so another folder gives other draws
+# (and another printout): the checks below hold for any of them.
 
 # %%
-workdir = Path(tempfile.gettempdir()) / "datapipes-tutorial-text"
-shutil.rmtree(workdir, ignore_errors=True)  # what a run stopped midway left
-workdir.mkdir()
+workdir = Path(tempfile.mkdtemp(prefix="datapipes-text-"))
 rng = np.random.default_rng(SEED)
 WORDS = (
     "the a of data model token tokens train training loss batch epoch rank shard "
