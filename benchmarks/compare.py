@@ -135,7 +135,7 @@ class Sizes:
     parquet_shards: int = 8
     write_records: int = 100_000
     write_per_shard: int = 2_000  # dp.write's units here are 10,000 records: whole shards
-    text_documents: int = 3_600  # ~3 M tokens: 2-12 s a pass on 2 cores (load permitting)
+    text_documents: int = 3_000  # ~2.5 M tokens: 2-10 s a pass on 2 cores (load permitting)
     text_shards: int = 8
 
 

@@ -27,7 +27,8 @@ sequences; the last sequence of a stream padded with ``<pad>``) and batches 8:
 * ``torchtitan_style``: torchtitan's Hugging Face loader (``HuggingFaceDataset``
   in ``torchtitan/datasets/hf_datasets.py``) rebuilt: ``datasets.load_dataset(
   "parquet", data_files=..., streaming=True)``, ``split_dataset_by_node``, one
-  ``tokenizer.encode`` per document, the ids appended to a list buffer from which
+  ``tokenizer.encode`` per document (EOS appended; torchtitan adds BOS too, no row
+  does here), the ids appended to a list buffer from which
   ``seq_len + 1`` tokens are cut at a time (input = the first 2,048, labels = the
   last 2,048: the 2,049th token is only a label), in torchdata's
   ``StatefulDataLoader(batch_size=8)`` (torchtitan's loader class; 0 workers,
@@ -48,10 +49,11 @@ set's document tokens with their EOS, padding not counted. The check of a pass
 sum of squares, which must equal ``expected`` (an order-free check: 2 workers
 pack their own files, Grain interleaves them).
 
-Worker processes are forked after the tokenizer has run on threads in this
-process; ``tokenizers`` then turns its threads off in the children (and warns).
-The rows with workers set ``TOKENIZERS_PARALLELISM=false`` while they start their
-workers, as its warning advises: each worker tokenizes on one thread.
+Worker processes are forked after the tokenizer has run on its threads in this
+process; ``tokenizers`` then tokenizes on one thread in the children (0.23, here,
+silently; older versions warn). The rows with workers set
+``TOKENIZERS_PARALLELISM=false`` while they fork their workers, so that every worker
+tokenizes on one thread whatever the version (2 workers on 2 cores).
 """
 
 from __future__ import annotations
@@ -269,7 +271,8 @@ class HandWritten(IterableDataset):
 @contextmanager
 def serial_tokenizers() -> Iterator[None]:
     """``TOKENIZERS_PARALLELISM=false`` while worker processes are forked: each worker
-    tokenizes on one thread (without it, ``tokenizers`` does the same and warns)."""
+    tokenizes on one thread (``tokenizers`` 0.23 does so anyway in a child forked after
+    its threads ran; older versions warn)."""
     saved = os.environ.get(PARALLELISM)
     os.environ[PARALLELISM] = "false"
     try:
