@@ -26,6 +26,13 @@ step functions (imported from the single-workload scripts next to this one):
   disk (``write_compare.py``): a hand-written ``tarfile`` / ``pyarrow`` loop
   (baseline), webdataset's ``ShardWriter`` and litdata's ``optimize()`` (tar only),
   ``dp.write`` with 0 and 2 DataLoader workers.
+* ``text``: text pretraining (W5): generated documents in Parquet shards -> a BPE
+  tokenizer trained here -> EOS after every document -> concat packing into 2,048-token
+  sequences -> batches of 8, in tokens per second (``text_compare.py``): a hand-written
+  ``pyarrow`` + ``encode_batch`` + token buffer loop (baseline), a torchtitan-style
+  loader (``datasets`` streaming, a token buffer, ``StatefulDataLoader``), Grain's
+  ``ConcatThenSplitIterDataset``, datapipes; with 2 workers, the hand-written loop in a
+  torch ``DataLoader`` and datapipes.
 
 Within a workload the implementations take turns in every repeat (the order
 reversed every other repeat) and the best of ``--repeats`` counts. Every pass is
@@ -81,13 +88,14 @@ import overhead  # noqa: E402
 import parquet_read  # noqa: E402
 import peers  # noqa: E402
 import resume_cost  # noqa: E402
+import text_compare  # noqa: E402
 import torch  # noqa: E402
 import workers_pipeline  # noqa: E402
 import write_compare  # noqa: E402
 
 WORKLOADS = (
     "overhead", "jsonl", "images", "images_large", "resume", "parquet", "write_tar",
-    "write_parquet",
+    "write_parquet", "text",
 )  # fmt: skip
 WORKERS = 2
 RESUME_AT = (0.1, 0.9)
@@ -102,6 +110,7 @@ PEERS = (
     "numpy",
     "pyarrow",
     "litdata",
+    "tokenizers",
 )
 RATIO_NOTE = (
     "vs baseline = the baseline's best time / this row's best time: "
@@ -126,6 +135,8 @@ class Sizes:
     parquet_shards: int = 8
     write_records: int = 100_000
     write_per_shard: int = 2_000  # dp.write's units here are 10,000 records: whole shards
+    text_documents: int = 3_000  # ~2.5 M tokens: 2-10 s a pass on 2 cores (load permitting)
+    text_shards: int = 8
 
 
 QUICK = Sizes(
@@ -142,6 +153,8 @@ QUICK = Sizes(
     parquet_shards=2,
     write_records=400,
     write_per_shard=50,  # dp.write's units: 400 / 8 = 50 records
+    text_documents=24,
+    text_shards=4,
 )
 
 
@@ -562,6 +575,32 @@ def write_rows(fmt: str) -> Callable[[Sizes, Path], tuple[list[Row], int]]:
     return build
 
 
+def text_rows(sizes: Sizes, workdir: Path) -> tuple[list[Row], int]:
+    """The ``text`` workload (``text_compare.py``): every row against the data's checks."""
+    directory = workdir / f"text-{sizes.text_documents}x{sizes.text_shards}"
+    made, failure = generate(
+        text_compare.generate, directory, sizes.text_documents, sizes.text_shards
+    )
+    text_compare.INFO.clear()
+    if made is None:
+        return skip_all([Row("text", "all", lambda: (0.0, None, None))], failure), 0
+    text_compare.INFO.update(made)
+    tokenizer = text_compare.load_tokenizer(str(directory / text_compare.TOKENIZER_FILE))
+    paths = [str(directory / name) for name in made["files"] if name.endswith(".parquet")]
+    pattern = str(directory / "train-*.parquet")
+    rows = [
+        Row(
+            "text",
+            name,
+            timed_pass(make, text_compare.keep, text_compare.digest),
+            baseline=baseline,
+            expected=made[check],
+        )
+        for name, make, baseline, check in text_compare.contenders(paths, pattern, tokenizer)
+    ]
+    return rows, made["tokens"]
+
+
 BUILDERS = {
     "overhead": (overhead_rows, "ints"),
     "jsonl": (jsonl_rows, "records"),
@@ -571,6 +610,7 @@ BUILDERS = {
     "parquet": (parquet_rows, "rows"),
     "write_tar": (write_rows("tar"), "records"),
     "write_parquet": (write_rows("parquet"), "records"),
+    "text": (text_rows, "tokens"),
 }
 FINISH = {"images_large": finish_images_large}
 
@@ -583,6 +623,7 @@ TITLES = {
     "parquet": "every row of Parquet shards ({n:,} rows of id, text, label, 8 floats)",
     "write_tar": write_compare.title("tar", Sizes.write_per_shard),  # the run's: write_rows
     "write_parquet": write_compare.title("parquet", Sizes.write_per_shard),
+    "text": text_compare.TITLE,
 }
 
 
@@ -699,7 +740,7 @@ def goals(results: dict[str, tuple[list[Row], int]]) -> list[str]:
 
     ours = []
     for workload, (rows, _) in results.items():
-        if workload in WRITE_WORKLOADS:  # their goals are write_compare.goals'
+        if workload in WRITE_WORKLOADS or workload == "text":  # their modules' goals
             continue
         by_name = {row.name: row for row in rows}
         for row in rows:
@@ -734,6 +775,9 @@ def goals(results: dict[str, tuple[list[Row], int]]) -> list[str]:
     lines.append(f"- {verdict(ok)} datapipes resume at 90% within 1.5x of at 10%: {text}")
     for ok, text in write_compare.goals(written_rows(results)):
         lines.append(f"- {verdict(ok)} {text}")
+    text_timed = timed_rows(results["text"][0]) if "text" in results else []
+    for ok, text in text_compare.goals(text_timed):
+        lines.append(f"- {verdict(ok)} {text} (text)")
     return lines
 
 
@@ -775,6 +819,8 @@ def report(
         out += images_large_bench.section(timed_rows(results["images_large"][0]), LARGE)
     if any(w in results for w in WRITE_WORKLOADS):
         out += write_compare.section(written_rows(results))
+    if "text" in results:
+        out += text_compare.section(timed_rows(results["text"][0]))
     out += ["", "## Goals", ""] + goals(results)
     return "\n".join(out) + "\n"
 

@@ -17,6 +17,7 @@ COMPARE = ROOT / "benchmarks" / "compare.py"
 sys.path.append(str(ROOT / "benchmarks"))  # appended: shadows nothing the other tests import
 import images_large_bench  # noqa: E402  (the row names of images_large in quick mode)
 import parquet_read  # noqa: E402  (the row names of parquet)
+import text_compare  # noqa: E402  (the row names of text)
 import write_compare  # noqa: E402  (the row names of the write workloads)
 
 THROUGHPUT_ROWS = {
@@ -58,6 +59,15 @@ THROUGHPUT_ROWS = {
         "datapipes dp.write (0 workers)",
         "datapipes dp.write (2 workers)",
         "datapipes dp.write (0 workers, checksum=sha256)",
+    ],
+    "text": [
+        "hand-written (pyarrow, encode_batch, buffer)",
+        "torchtitan-style (HF streaming, list buffer)",
+        "Grain ConcatThenSplit (encode per record)",
+        f"Grain ConcatThenSplit (encode_batch of {text_compare.ENCODE_BLOCK})",
+        "datapipes (0 workers)",
+        "hand-written in torch DataLoader (2 workers)",
+        "datapipes (2 workers)",
     ],
 }
 RESUME_ROWS = ["HF datasets + StatefulDataLoader", "torchdata.nodes", "datapipes"]
@@ -135,9 +145,11 @@ def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) ->
     # the hand-written baselines and datapipes itself must run in the smallest mode
     for row in baselines + [row for row in rows if row[1].startswith("datapipes")]:
         assert RATIO.match(row[5]), row
-    grain = next(row for row in rows if row[1].startswith("Grain"))
     skipped = "skipped: failed: ImportError: grain is hidden by the test"
-    assert grain[2:6] == ["—", "—", "—", skipped], grain
+    grains = [row for row in rows if row[1].startswith("Grain") and row[0] != "images_large"]
+    assert [row[0] for row in grains] == ["overhead", "text", "text"], grains
+    for grain in grains:
+        assert grain[2:6] == ["—", "—", "—", skipped], grain
 
     resume = table_rows(markdown, "Resume cost")
     assert [row[0] for row in resume] == RESUME_ROWS
@@ -146,15 +158,21 @@ def test_quick_run_reports_every_row_and_skips_a_missing_peer(tmp_path: Path) ->
     assert RATIO.match(resume[-1][3]), resume[-1]
     assert_images_large_section(markdown)
     assert_writing_section(markdown)
+    assert_text_section(markdown)
 
     large_ours = [n for n in THROUGHPUT_ROWS["images_large"] if n.startswith("datapipes")]
     goals = markdown.split("## Goals\n", 1)[1].strip().splitlines()
     # images_large: vs baseline + 3 goals; parquet: 2 vs baselines + 5x HF streaming;
-    # writing: within 1.1x for tar and parquet, ahead of webdataset and litdata
-    assert len(goals) == 8 + len(large_ours) + 3 + 3 + 4, goals
+    # writing: within 1.1x for tar and parquet, ahead of webdataset and litdata; text: >=
+    # hand-written (0 and 2 workers), 2x torchtitan-style, ahead of Grain, 2 workers 1.6x
+    assert len(goals) == 8 + len(large_ours) + 3 + 3 + 4 + 5, goals
     assert all(re.match(r"^- (PASS|MISS|n/a) ", goal) for goal in goals), goals
     write_goals = [goal for goal in goals if "dp.write" in goal]
     assert len(write_goals) == 4 and not any(g.startswith("- n/a") for g in write_goals[:1])
+    text_goals = [goal for goal in goals if goal.endswith("(text)")]
+    assert len(text_goals) == 5, text_goals
+    grain_goal = [goal for goal in text_goals if "Grain" in goal]
+    assert [g.startswith("- n/a") for g in text_goals] == [g in grain_goal for g in text_goals]
 
 
 def assert_images_large_section(markdown: str) -> None:
@@ -201,6 +219,21 @@ def assert_writing_section(markdown: str) -> None:
         assert re.match(r"^\d+\.\d{3} s$", row[2]) and re.match(r"^\d+\.\d{3} s$", row[5]), row
         assert RATIO.match(row[4]) and RATIO.match(row[7]), row
         assert int(row[9]) > 0 and float(row[10]) > 0, row
+    assert "wrong output" not in part, part
+
+
+def assert_text_section(markdown: str) -> None:
+    """The data and tokenizer line, and a row per implementation: tokens/s, or skipped."""
+    part = markdown.split("## Text pretraining\n", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"[\d,]+ tokens with the EOS of every document", part), part
+    table = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in part.splitlines()
+        if line.startswith("| ") and not line.startswith(("| implementation", "| ---"))
+    ]
+    assert [row[0] for row in table] == THROUGHPUT_ROWS["text"], table
+    for row in table:
+        assert re.match(r"^[\d,]+$", row[1]) or row[3].startswith("skipped: "), row
     assert "wrong output" not in part, part
 
 
