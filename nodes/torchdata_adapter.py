@@ -36,6 +36,7 @@ attribute, when a torch or torchdata release changes any of them; update this mo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -160,6 +161,12 @@ def shutdown_workers(iterator: Any) -> None:
     SIGTERM stays pending) is killed, so a closed Loader leaves no process behind.
     """
     processes = worker_processes(iterator)
+    for process in processes:
+        # A worker stopped (SIGSTOP) while it held the lock of the DataLoader's "workers
+        # done" event would block the shutdown's set() of that event forever: let it go on.
+        if process.pid is not None and process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()

@@ -773,3 +773,37 @@ def test_workers_that_die_as_torch_starts_them_are_named_from_its_error() -> Non
     message = "DataLoader worker (pid(s) 4242, 4243) exited unexpectedly"
     assert _died_as_they_started(message) == "worker process(es) pid 4242, 4243"
     assert _died_as_they_started("some other RuntimeError") == ""
+
+
+def _hold_the_lock_then_stop(event: Any) -> None:
+    with event._cond:  # what a DataLoader worker's done_event.is_set() takes, briefly
+        os.kill(os.getpid(), signal.SIGSTOP)  # stalled right there, the lock held
+
+
+@pytest.mark.slow  # a process of its own
+def test_shutdown_lets_a_worker_stopped_with_the_done_events_lock_let_it_go() -> None:
+    # torch's _shutdown_workers sets its "workers done" event first: a worker stopped while
+    # it held that event's lock blocked it forever (seen once under load); SIGCONT first
+    import types
+
+    from nodes import torchdata_adapter as torchdata
+
+    context = multiprocessing.get_context("fork")
+    event = context.Event()
+    worker = context.Process(target=_hold_the_lock_then_stop, args=(event,), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while _process_state(worker.pid) != "T":
+        assert time.monotonic() < deadline, "the worker never stopped"
+        time.sleep(0.01)
+    iterator = types.SimpleNamespace(_workers=[worker], _shutdown_workers=event.set)
+    done = threading.Thread(target=torchdata.shutdown_workers, args=(iterator,), daemon=True)
+    done.start()
+    done.join(60)
+    assert not done.is_alive(), "shutdown_workers hung on the stopped worker's lock"
+    assert event.is_set() and not worker.is_alive()
+
+
+def _process_state(pid: int | None) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
