@@ -34,6 +34,17 @@ def ids_of(text: str) -> list[int]:
     return [int(word) for word in text.split()]
 
 
+def word_ids(tokens: list[int]) -> Any:
+    """A Hugging Face tokenizer that reads the same ids (a word-level vocabulary of them),
+    so its path (blocks encoded ahead on a thread) is taken too."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {str(t): t for t in tokens} | {"[UNK]": 0}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok
+
+
 @dataclass
 class Case:
     seed: int
@@ -44,12 +55,15 @@ class Case:
     bins: int
     text: bool
     chain: list[tuple[int, int]]  # (world size, workers) per stage
+    hugging_face: bool = False  # text through a Hugging Face tokenizer, else ids_of
 
     def recipe(self) -> dp.DataPipe[Any]:
+        tokenizer = word_ids(self.tokens()) if self.hugging_face else ids_of
+
         def corpus(docs: list[list[int]]) -> dp.DataPipe[Any]:
             if self.text:
                 texts = [" ".join(map(str, d)) for d in docs]
-                return dp.from_sequence(texts).shuffle().tokenize(ids_of, block=3)
+                return dp.from_sequence(texts).shuffle().tokenize(tokenizer, block=3)
             return dp.from_sequence(docs).shuffle()
 
         source = corpus(self.docs)
@@ -78,7 +92,7 @@ def draw(seed: int, workers: bool) -> Case:
     chain = [(rng.randint(1, 4), rng.choice([0, 1, 2]) if workers else 0) for _ in range(stages)]
     return Case(
         seed, docs, other, seq_len, rng.choice(["concat", "first_fit"]), rng.randint(1, 4),
-        rng.random() < 0.4, chain,
+        rng.random() < 0.4, chain, rng.random() < 0.5,
     )  # fmt: skip
 
 
@@ -116,7 +130,8 @@ def run_chain(case: Case) -> list[dict[str, Any]]:
 def describe(case: Case) -> str:
     return (
         f"seed {case.seed}: {len(case.docs)} docs{' + mixed' if case.other else ''}, "
-        f"seq_len {case.seq_len}, {case.method} bins {case.bins}, text {case.text}, "
+        f"seq_len {case.seq_len}, {case.method} bins {case.bins}, text {case.text} "
+        f"(hugging face {case.hugging_face}), "
         f"chain {case.chain}"
     )
 
