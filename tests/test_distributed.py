@@ -33,6 +33,7 @@ import re
 import signal
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,8 +99,32 @@ def torchrun(job: Path, config_path: Path, nproc: int, cwd: Path, what: str) -> 
     """Run ``job`` under torchrun with ``nproc`` ranks; its (stdout, stderr). Fails the test,
     naming ``what``, when the job exits with an error or hangs (then all ranks are killed)."""
     returncode, stdout, stderr = torchrun_may_fail(job, config_path, nproc, cwd, what)
+    if returncode != 0 and aborted_in_teardown(stderr, config_path, nproc):
+        warnings.warn(
+            f"{what}: a rank aborted in torch's teardown ({TEARDOWN_ABORT!r}) after every "
+            "rank had written its results; the results are checked as usual",
+            stacklevel=2,
+        )
+        return stdout, stderr
     assert returncode == 0, f"{what} failed ({returncode}):\n{stderr[-8000:]}"
     return stdout, stderr
+
+
+#: What the C++ runtime prints when a std::thread is destroyed while joinable: seen, rarely and
+#: under load, as a rank exits after destroy_process_group (a thread of torch's, not ours).
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def aborted_in_teardown(stderr: str, config_path: Path, nproc: int) -> bool:
+    """Whether the job's only failure is that abort, after every rank wrote its results
+    (``rank<R>.json`` in the config's ``out``, written just before the final barrier)."""
+    if TEARDOWN_ABORT not in stderr:
+        return False
+    try:
+        out = Path(json.loads(config_path.read_text())["out"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return all((out / f"rank{rank}.json").exists() for rank in range(nproc))
 
 
 def torchrun_may_fail(
@@ -614,3 +639,18 @@ def test_even_batches_makes_one_gloo_group_per_loader_not_one_per_rebuild(tmp_pa
     """Under NCCL the agreement's gloo group is made once per Loader; close() must not leak one."""
     results = run_forked_ranks(_close_each_epoch_job, tmp_path / "s")
     assert results == [(0, 3, 1), (1, 3, 1)]  # 3 epochs, each rank made 1 gloo group
+
+
+def test_only_a_teardown_abort_after_every_rank_wrote_its_results_is_tolerated(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"out": str(out)}))
+    (out / "rank0.json").write_text("{}")
+    abort = f"... {TEARDOWN_ABORT}\n... exitcode: -6"
+    assert not aborted_in_teardown(abort, config, 2)  # rank 1 wrote nothing: a real failure
+    (out / "rank1.json").write_text("{}")
+    assert aborted_in_teardown(abort, config, 2)
+    assert not aborted_in_teardown("RuntimeError: Timed out waiting", config, 2)
