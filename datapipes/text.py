@@ -88,7 +88,7 @@ class Tokenize(DataPipe[Any]):
         kw = self.kwargs
         return TokenizeNode(
             self.inputs[0].build(ctx), self.args[0], field=kw["field"], output=kw["output"],
-            bos=kw["bos"], eos=kw["eos"], block=kw["block"], background=self.args[0].batched,
+            bos=kw["bos"], eos=kw["eos"], block=kw["block"],
         )  # fmt: skip
 
 

@@ -9,7 +9,6 @@ texts in one call and returns them one by one, in order.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from typing import Any
 
@@ -38,9 +37,6 @@ class TokenizeNode(Node):
     State: ``{UPSTREAM: upstream's state before the current block, "skip": k}``,
     ``k`` records of the block returned. A resume reads the block again and
     encodes only the records not returned: at most ``block`` records re-read.
-    With ``background=True`` (a tokenizer that releases the GIL) the next block
-    is read and encoded on a thread while the current one is handed on; the
-    state still names the current block (the next one is read again).
     """
 
     kind = "tokenize"
@@ -59,7 +55,6 @@ class TokenizeNode(Node):
         bos: int | None = None,
         eos: int | None = None,
         block: int = BLOCK,
-        background: bool = False,
     ) -> None:
         super().__init__(upstream)
         if type(block) is not int or block < 1:
@@ -69,10 +64,6 @@ class TokenizeNode(Node):
         self._field, self._output = field, output
         self._bos, self._eos = bos, eos
         self._block = block
-        # Encode the next block on a thread while this one is handed on: for a tokenizer
-        # that releases the GIL (Hugging Face's); a Python one would only contend for it.
-        self._background = background
-        self._executor: ThreadPoolExecutor | None = None
         self._it: Iterator[Any] = NotReset(self)
         self._inline = False  # converting for another topology: one record at a time
 
@@ -87,7 +78,6 @@ class TokenizeNode(Node):
         self._block_state = self._before
         self._track = False  # a pack above asks each record's origin: note_origins()
         self._notes: list[Any] = []
-        self._next_state: State | None = None
         if self._inline and skip:
             # Converting: the block's first records were returned; read them now, so that
             # the source's position is past them (the rest of the block is untouched).
@@ -96,56 +86,31 @@ class TokenizeNode(Node):
             self._before, self._length, self._returned, skip = None, 0, 0, 0
         self._it = self._records(skip)
 
-    def _read(self, count: int) -> tuple[State, list[Any], list[Any]]:
-        """The next ``count`` records: (upstream's state before them, them, their origins
-        when noted)."""
-        up = self._up
-        before = self._before if self._before is not None else up.state_dict()
-        self._before = None
-        if not self._track:
-            return before, list(islice(self._src, count)), []
-        raw, notes = [], []
-        for record in islice(self._src, count):
-            raw.append(record)
-            notes.append(up.last_origin())
-        return before, raw, notes
-
     def _records(self, skip: int) -> Iterator[Any]:
+        src, up = self._src, self._up
         size = 1 if self._inline else self._block
-        ahead = self._background and not self._inline
-        before, raw, notes = self._read(max(size, skip))
-        encoded: Any = None  # the block's records, or the future that encodes them
         while True:
+            before = self._before if self._before is not None else up.state_dict()
+            self._before = None
+            if self._track:
+                raw, notes = [], self._notes
+                notes.clear()
+                for record in islice(src, max(size, skip)):
+                    raw.append(record)
+                    notes.append(up.last_origin())
+            else:
+                raw = list(islice(src, max(size, skip)))
             if skip > len(raw):
                 raise InvalidStateError("skip", f"at most {len(raw)} (the records left)", skip)
             if not raw:
                 self._length = self._returned = 0
-                self._block_state, self._next_state = before, None
+                self._block_state = before
                 return
-            records = self._encoded(raw[skip:]) if encoded is None else encoded.result()
             self._block_state, self._length, self._returned = before, len(raw), skip
-            self._notes, self._next_state = notes, None
-            if ahead:  # read the next block now and encode it while this one is handed on
-                before, raw, notes = self._read(size)
-                self._next_state = before
-                encoded = self._pool().submit(self._encoded, raw) if raw else None
-            for record in records:
+            for record in self._encoded(raw[skip:]):
                 self._returned += 1
                 yield record
             skip = 0
-            if not ahead:
-                before, raw, notes = self._read(size)
-
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="datapipes-tokenize")
-        return self._executor
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
-        super().close()
 
     def _encoded(self, records: list[Any]) -> list[Any]:
         texts = [self._text(record) for record in records]
@@ -215,8 +180,6 @@ class TokenizeNode(Node):
     def state_dict(self) -> State:
         if self._returned < self._length:
             return {UPSTREAM: self._block_state, "skip": self._returned}
-        if self._next_state is not None:  # the next block was read ahead: before it
-            return {UPSTREAM: self._next_state, "skip": 0}
         return {UPSTREAM: self._up.state_dict(), "skip": 0}
 
     def validate_state(self, state: Any, path: str = "node") -> None:
