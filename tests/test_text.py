@@ -193,9 +193,8 @@ def test_a_hugging_face_tokenizer_encodes_blocks_as_one_at_a_time_would() -> Non
 
 
 @pytest.mark.parametrize("block", [1, 5, 16])
-def test_a_hugging_face_tokenizer_encodes_ahead_and_resumes_exactly(block: int) -> None:
-    # its next block is encoded on a thread while the current one is handed on; the state
-    # still names the current block
+def test_a_hugging_face_tokenizer_resumes_exactly_mid_block(block: int) -> None:
+    # a block encoded in one call; the state names the block and the records returned
     tok = small_tokenizer()
     texts = [f"the cat {i} sat on the mat " * (i % 4) for i in range(40)]
     pipe = dp.from_sequence(texts).tokenize(tok, eos=1, block=block)
@@ -203,7 +202,7 @@ def test_a_hugging_face_tokenizer_encodes_ahead_and_resumes_exactly(block: int) 
     check_node(lambda ctx: pipe.pack(8).build(ctx), max_positions=45)
 
 
-def test_an_error_in_a_block_encoded_ahead_is_raised_at_its_place() -> None:
+def test_an_error_in_a_block_is_raised_at_its_place() -> None:
     tok = small_tokenizer()
     records = [{"text": "the cat"}] * 7 + [{"text": None}]
     loader = dp.Loader(dp.from_sequence(records).tokenize(tok, block=4))
