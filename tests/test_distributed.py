@@ -49,7 +49,10 @@ pytestmark = pytest.mark.slow  # every test runs a torchrun job or forks gloo ra
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "distributed_job.py"
-JOB_TIMEOUT_S = 120
+JOB_TIMEOUT_S = 240
+#: The jobs' gloo collective timeout: a rank starved of CPU on a loaded machine (seen: 60 s
+#: were not enough with two pytest processes beside 3 ranks and their workers) still arrives.
+COLLECTIVE_S = 180
 
 WARNING = re.compile(  # as the job prints it: [phase] file:line: Category: message
     r"^\[(\w+)\] \S+: UnevenDataWarning: even_batches: rank (\d+) dropped its last (\d+) "
@@ -167,7 +170,7 @@ def run_job(root: Path, name: str, nproc: int, config: dict[str, Any]) -> Job:
     out = folder / "out"
     out.mkdir(parents=True)
     config_path = folder / "config.json"
-    config_path.write_text(json.dumps({**config, "out": str(out)}))
+    config_path.write_text(json.dumps({"collective_s": COLLECTIVE_S, **config, "out": str(out)}))
     stdout, stderr = torchrun(
         JOB, config_path, nproc, root, f"the {nproc}-rank job ({config['mode']})"
     )

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_distributed import flat, reported_drops, torchrun, write_data
+from test_distributed import COLLECTIVE_S, flat, reported_drops, torchrun, write_data
 
 import datapipes as dp
 from datapipes.dcp_states import load_dcp_states
@@ -132,7 +132,8 @@ def run_job(root: Path, name: str, nproc: int, phases: list[dict[str, Any]]) -> 
     out = root / name
     out.mkdir(parents=True)
     config_path = out / "config.json"
-    config_path.write_text(json.dumps({**SHARED, "phases": phases, "out": str(out)}))
+    config = {"collective_s": COLLECTIVE_S, **SHARED, "phases": phases, "out": str(out)}
+    config_path.write_text(json.dumps(config))
     stdout, stderr = torchrun(JOB, config_path, nproc, root, f"the {nproc}-rank job {name}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
     assert [r["world_size"] for r in ranks] == [nproc] * nproc
