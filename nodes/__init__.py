@@ -20,6 +20,7 @@ from nodes.parallel_map import ParallelMapNode
 from nodes.prefetch import PrefetchNode
 from nodes.random_map import RandomMapNode
 from nodes.readers import FileReaderNode, RecordFormat
+from nodes.repeat import RepeatNode
 from nodes.rng import IndexPermutation, UniformStream, stable_hash
 from nodes.shard import ShardNode, WholeDataContext
 from nodes.shuffle import BufferShuffleNode
@@ -27,7 +28,7 @@ from nodes.sources import SequenceNode
 from nodes.stats import StatsNode
 from nodes.tensor_tree import apply_to_tensors
 from nodes.tokenize import TokenizeNode
-from nodes.transforms import FilterNode, FlatMapNode, MapNode, RepeatNode, TakeNode
+from nodes.transforms import FilterNode, FlatMapNode, MapNode, TakeNode
 from nodes.workers import WorkerStreamNode
 
 __all__ = [

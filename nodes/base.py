@@ -53,6 +53,14 @@ class Context:
             return None
         return work.plan_for(place)
 
+    def rounds_planned(self, base: str) -> list[int]:
+        """The rounds of the source at ``base`` (under a ``repeat``) this epoch's dealt work
+        holds (see :mod:`nodes.rounds`); none: every round is read afresh."""
+        work = self.work
+        if work is None or work.epoch != self.epoch:
+            return []
+        return work.rounds_of(base)
+
     @property
     def dispatch(self) -> Any:
         """This consumer's :class:`nodes.dispatch.Dispatcher` under dynamic dispatch (its

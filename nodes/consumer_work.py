@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from nodes.rounds import plan_rounds, round_is_fresh
+
 
 class ConsumerWork:
     """The work a consumer reads instead of its own share in one epoch (see the module doc)."""
@@ -32,8 +34,13 @@ class ConsumerWork:
 
     def plan_for(self, place: str) -> list[Any] | None:
         """The pieces the source at ``place`` reads now (``[]``: nothing; ``None``: no
-        unit claimed yet)."""
+        unit claimed yet, or its own share)."""
         raise NotImplementedError
+
+    def rounds_of(self, base: str) -> list[int]:
+        """The rounds of the source at ``base`` (under a ``repeat``) that this work holds,
+        in order (see :mod:`nodes.rounds`); none: it reads every round afresh."""
+        return []
 
 
 class DealtWork(ConsumerWork):
@@ -54,8 +61,16 @@ class DealtWork(ConsumerWork):
     def epoch(self) -> int:
         return self._epoch
 
-    def plan_for(self, place: str) -> list[Any]:
-        return self.plans.get(place, [])
+    def plan_for(self, place: str) -> list[Any] | None:
+        plan = self.plans.get(place)
+        if plan is not None:
+            return plan
+        # A round of a repeat past the rounds dealt: a fresh round, the consumer's own share.
+        return None if round_is_fresh(self.plans, place) else []
+
+    def rounds_of(self, base: str) -> list[int]:
+        """The rounds of the source at ``base`` (under a ``repeat``) that this work holds."""
+        return plan_rounds(self.plans, base)
 
     def __repr__(self) -> str:
         return f"DealtWork(epoch={self._epoch}, places={sorted(self.plans)})"

@@ -170,9 +170,9 @@ class PackNode(Node):
         self._track = el.selections_below(self._up)
         if self._track:  # after a topology change: each document's origin says its selection
             check_origins(self, self._up)
-            for part in el.sources_and_nodes(self._up):
-                if hasattr(part, "note_origins"):
-                    part.note_origins()
+        for part in el.sources_and_nodes(self._up):
+            if hasattr(part, "note_origins"):
+                part.note_origins(self._track)
         self.dropped = 0
         self._held: list[tuple[Any, int, int]] = []  # (doc origin, from, upto): converting
         self._last_segments: list[tuple[Any, int, int]] = []

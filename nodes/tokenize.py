@@ -66,6 +66,7 @@ class TokenizeNode(Node):
         self._block = block
         self._it: Iterator[Any] = NotReset(self)
         self._inline = False  # converting for another topology: one record at a time
+        self._track = False  # a pack above asks each record's origin: note_origins()
 
     def reset(self, state: State | None = None) -> None:
         self._up.reset(None if state is None else state[UPSTREAM])
@@ -76,7 +77,6 @@ class TokenizeNode(Node):
         # again, a state taken is the one given: one more record is assumed to come).
         self._returned, self._length = skip, skip + 1 if skip else 0
         self._block_state = self._before
-        self._track = False  # a pack above asks each record's origin: note_origins()
         self._notes: list[Any] = []
         if self._inline and skip:
             # Converting: the block's first records were returned; read them now, so that
@@ -200,10 +200,12 @@ class TokenizeNode(Node):
             raise AssertionError("tokenize reads ahead: its last origin is noted only if tracked")
         return self._up.last_origin()  # inline: the record returned last is upstream's last
 
-    def note_origins(self) -> None:
+    def note_origins(self, on: bool = True) -> None:
         """Note every record's origin from now on, for :meth:`last_origin` (asked by a pack
-        above after a topology change, while the epoch lasts; see nodes.pack)."""
-        self._track = True
+        above after a topology change, while the epoch lasts; see nodes.pack). A pack sets
+        it at each reset; a ``repeat`` between them resetting this node for a new round
+        keeps it."""
+        self._track = on
 
     def plain_origins(self) -> bool:
         # Its records' origins are noted whenever a pack above needs them (see reset).

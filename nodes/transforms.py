@@ -1,4 +1,4 @@
-"""Per-item steps: map, filter, flat_map, take, repeat."""
+"""Per-item steps: map, filter, flat_map, take."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from itertools import chain
 from typing import Any
 
 from nodes import elastic as el
-from nodes.base import UPSTREAM, Node, NotReset, ScopedContext, State
+from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.batch import BatchNode, unbatch_items
 from nodes.errors import InvalidStateError
 from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.origins import Origin, OriginReader
 from nodes.parallel_map import ParallelMapNode
-from nodes.state_checks import at, expect_bool, expect_int, expect_keys
+from nodes.state_checks import at, expect_int, expect_keys
 
 _END = object()
 
@@ -271,7 +271,9 @@ def check_order_kept(flat_map: Node, node: Node) -> None:
 
 def _keeps_order(node: Node) -> bool:
     """Whether ``node`` hands on its input's items in their order (it may drop some)."""
-    if len(node.inputs) != 1:
+    if len(node.inputs) != 1 or hasattr(node, "rounds_ahead"):
+        # a repeat: a flat_map's partly delivered parents are dealt per round, and counting
+        # its parents from the start cannot tell which round's parent is which
         return False
     return (
         node.elastic == "transparent"
@@ -316,57 +318,4 @@ class TakeNode(Node):
     def validate_state(self, state: Any, path: str = "node") -> None:
         expect_keys(state, path, {UPSTREAM, "taken"})
         expect_int(state, "taken", path, 0, self._limit)
-        self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))
-
-
-class RepeatNode(Node):
-    """Runs its upstream ``times`` times (forever when ``None``) within one epoch.
-
-    Each round sees its own random stream (shuffles differ round to round)
-    through a :class:`ScopedContext`. A round that yields nothing ends the
-    repetition, so an empty source never spins forever.
-    State: the round number and upstream's position in it.
-    """
-
-    kind = "repeat"
-    elastic_refusal = "runs its input several times per epoch, in rounds tied to each consumer"
-
-    def __init__(self, upstream: Node, scope: ScopedContext, times: int | None) -> None:
-        super().__init__(upstream)
-        self._up = upstream
-        self._scope = scope
-        self._times = times
-        self._src: Iterator[Any] = NotReset(self)
-
-    def reset(self, state: State | None = None) -> None:
-        self._round = 0 if state is None else int(state["round"])
-        self._yielded = False if state is None else bool(state["yielded"])
-        self._scope.tag = self._round
-        self._done = self._times is not None and self._round >= self._times
-        self._up.reset(None if state is None else state[UPSTREAM])
-        self._src = iter(self._up)
-
-    def __next__(self) -> Any:
-        while not self._done:
-            for item in self._src:
-                self._yielded = True
-                return item
-            if not self._yielded or (self._times is not None and self._round + 1 >= self._times):
-                self._done = True
-                break
-            self._round += 1
-            self._yielded = False
-            self._scope.tag = self._round
-            self._up.reset(None)
-            self._src = iter(self._up)
-        raise StopIteration
-
-    def state_dict(self) -> State:
-        return {"round": self._round, "yielded": self._yielded, UPSTREAM: self._up.state_dict()}
-
-    def validate_state(self, state: Any, path: str = "node") -> None:
-        expect_keys(state, path, {"round", "yielded", UPSTREAM})
-        last = None if self._times is None else max(self._times - 1, 0)
-        expect_int(state, "round", path, 0, last)
-        expect_bool(state, "yielded", path)
         self._up.validate_state(state[UPSTREAM], at(path, UPSTREAM))

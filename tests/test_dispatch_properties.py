@@ -99,7 +99,7 @@ def deterministic(recipe: Recipe) -> bool:
 def run_dispatch_case(seed: int, root: Path, workers: tuple[int, ...] = (0,)) -> str:
     """One random case (see the module doc); returns what it did, for the deep-run tally."""
     rng = random.Random(seed)
-    recipe = RecipeMaker(rng, root, unordered=workers == (0,)).make()
+    recipe = RecipeMaker(rng, root, unordered=workers == (0,), repeat=False).make()
     loader_seed = rng.randrange(1000)
     where = [f"seed={seed} recipe={''.join(recipe.text)} loader seed={loader_seed}"]
     if "shard()" in "".join(recipe.text):
@@ -215,7 +215,7 @@ def test_the_generator_reaches_the_shapes(tmp_path: Path) -> None:
     kinds = Counter()
     for case in range(CASES):
         rng = random.Random(SEED + case)
-        recipe = RecipeMaker(rng, tmp_path / str(case), unordered=True).make()
+        recipe = RecipeMaker(rng, tmp_path / str(case), unordered=True, repeat=False).make()
         text = "".join(recipe.text)
         kinds.update(
             k for k in ("files", "range", "sequence", "batch", "mix", "concat") if k in text

@@ -10,6 +10,7 @@ import io
 import json
 import warnings
 from collections import Counter
+from itertools import islice
 from typing import Any
 
 import pytest
@@ -314,7 +315,7 @@ class DeclaredPassThrough(PassThrough):
     [
         (dp.range(40).take(10), "'take'"),
         (dp.zip(dp.range(20), dp.range(20)), "'zip'.*dp.mix or dp.concat"),
-        (dp.range(20).repeat(2), "'repeat'"),
+        (dp.range(20).repeat(2).repeat(2), "another repeat below it"),
         (dp.mix([dp.range(9), dp.range(9)], [1, 1], stop="first_exhausted"), "all_exhausted"),
         (dp.range(20).apply_node(PassThrough), 'PassThrough.*elastic = "transparent"'),
     ],
@@ -369,6 +370,94 @@ def test_fewer_remaining_files_than_consumers_are_split_into_parts(tmp_path):
         shares.append([record["id"] for record in loader])
     assert sorted(len(share) for share in shares) == [33, 33, 34, 90]
     assert sorted(taken + sum(shares, [])) == list(range(100)) + list(range(1000, 1100))
+
+
+# ----- repeat: rounds -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("counts", "after"), [([17, 9], 3), ([3, 26], 1), ([0, 12], 4)])
+def test_an_endless_repeat_leaves_each_started_round_whole(counts, after):
+    """Consumers stand in different rounds of an endless repeat: the remaining work of every
+    round up to the furthest is what no consumer delivered of it, and the new consumers
+    deliver exactly that before any fresh round."""
+    corpora = {0: range(10), 1: range(100, 106)}  # branch -> items (positions 0..n-1)
+    pipe = dp.mix([dp.range(10).repeat(), dp.range(100, 106).repeat()], [1, 2])
+    taken, merged = stop_at(loaders(pipe, 2), counts)
+    ranks = [taken[: counts[0]], taken[counts[0] :]]
+    _, work = remaining_work(pipe, parse_state(merged))
+    got: dict[tuple[int, int], list[int]] = {}
+    for place, entry in work.items():
+        base, round_ = el.split_round(place)
+        assert round_ is not None, place
+        branch = int(base.split("/")[0])
+        positions = [p for p, _ in el.expand({place: entry})[place]]
+        got[(branch, round_)] = sorted(corpora[branch][p] for p in positions)
+    expected: dict[tuple[int, int], list[int]] = {}
+    for branch, items in corpora.items():
+        shares = [list(items)[c::2] for c in range(2)]  # each rank's share of a round
+        delivered = [[x for x in ranks[c] if x in items] for c in range(2)]
+        rounds = [len(delivered[c]) // len(shares[c]) for c in range(2)]
+        for round_ in range(min(rounds), max(rounds) + 1):
+            left = []
+            for c in range(2):
+                if rounds[c] < round_:
+                    left += shares[c]
+                elif rounds[c] == round_:
+                    left += shares[c][len(delivered[c]) % len(shares[c]) :]
+            expected[(branch, round_)] = sorted(left)
+    assert {k: v for k, v in got.items() if v} == {k: v for k, v in expected.items() if v}
+
+    # the new consumers read the rounds left first: their first items of each corpus are
+    # exactly what was left, then every item once per fresh round
+    new = loaders(pipe, after)
+    for loader in new:
+        loader.load_state_dict(merged)
+    streams = [list(islice(iter(loader), 60)) for loader in new]
+    for loader in new:
+        loader.close()
+    for branch, items in corpora.items():
+        left = Counter(x for (b, _), xs in expected.items() if b == branch for x in xs)
+        per_consumer = [[x for x in stream if x in items] for stream in streams]
+        plans = [loader_plan_length(merged, pipe, after, j, branch) for j in range(after)]
+        firsts = Counter(x for j, xs in enumerate(per_consumer) for x in xs[: plans[j]])
+        assert firsts == left
+        for j, xs in enumerate(per_consumer):  # a fresh round: no item twice within it
+            fresh = xs[plans[j] :][: len(list(items)[j::after])]
+            assert len(set(fresh)) == len(fresh)
+
+
+def loader_plan_length(state: dict[str, Any], pipe, world: int, rank: int, branch: int) -> int:
+    """How many items of ``branch`` the dealt plan of ``rank`` of ``world`` holds."""
+    _, work = remaining_work(pipe, parse_state(state))
+    plans = el.deal(work, world)[rank]
+    return sum(
+        len(el.expand({place: {"kind": "positions", "pieces": pieces}})[place])
+        for place, pieces in plans.items()
+        if el.split_round(place)[0].startswith(f"{branch}/")
+    )
+
+
+def test_a_repeat_resumes_elsewhere_with_every_round_once(tmp_path):
+    """Files under a repeat, a buffer above it holding items of two rounds: 3 ranks, then 2,
+    then 4; every item once per round."""
+    files = write_id_files(tmp_path, 5, 6)
+    pipe = dp.files(files).read_jsonl().map(get_id).repeat(3).shuffle(buffer_size=4)
+    taken, merged = stop_at(loaders(pipe, 3), [13, 2, 10])
+    again = loaders(pipe, 2)
+    for loader in again:
+        loader.load_state_dict(merged)
+    taken2, merged2 = stop_at(again, [5, 9])
+    rest = finish(loaders(pipe, 4), merged2)
+    assert Counter(taken + taken2 + rest) == Counter({i: 3 for i in range(30)})
+
+
+def get_id(record: dict[str, Any]) -> int:
+    return record["id"]
+
+
+def test_a_repeat_under_dynamic_dispatch_is_refused_clearly():
+    with pytest.raises(dp.ElasticResumeError, match="repeat.*dispatch='static'"):
+        list(dp.Loader(dp.range(10).repeat(2), dispatch="dynamic"))
 
 
 def test_states_taken_under_other_worker_counts_describe_the_same_remaining_work():

@@ -115,18 +115,22 @@ KNOWN_GAPS = {
     "buffer shuffle -> flat_map refused",
     "combinator -> flat_map refused",
     "shard -> flat_map refused",
+    # a flat_map mid-item over a repeat: its parents' rests are dealt per round
+    "repeat -> flat_map refused",
 }
 
 # step -> (steps that may not come anywhere before it, the gap that forbids it)
 AVOID = {
     "flat_map": [
         ({"buffer_shuffle"}, "buffer shuffle -> flat_map refused"),
+        ({"repeat"}, "repeat -> flat_map refused"),
         ({"flat_map", "rebatch"}, "flat_map -> flat_map refused"),
         ({"combine"}, "combinator -> flat_map refused"),
         ({"shard"}, "shard -> flat_map refused"),
     ],
     "rebatch": [
         ({"buffer_shuffle"}, "buffer shuffle -> flat_map refused"),
+        ({"repeat"}, "repeat -> flat_map refused"),
         ({"flat_map", "rebatch"}, "flat_map -> flat_map refused"),
         ({"combine"}, "combinator -> flat_map refused"),
         ({"shard"}, "shard -> flat_map refused"),
@@ -164,8 +168,10 @@ class Recipe:
 class RecipeMaker:
     """Draws recipes whose items carry unique ids, writing their files under ``root``."""
 
-    def __init__(self, rng: random.Random, root: Path, *, unordered: bool = True) -> None:
-        self.rng, self.root, self.unordered = rng, root, unordered
+    def __init__(
+        self, rng: random.Random, root: Path, *, unordered: bool = True, repeat: bool = True
+    ) -> None:
+        self.rng, self.root, self.unordered, self.repeat = rng, root, unordered, repeat
         self.tag = 0
         self.kinds: set[str] = set()  # item types: collating a mix of them needs no_collate
         self.may_refuse = False  # a step AVOID forbids was let in (now and then, on purpose)
@@ -293,7 +299,10 @@ class RecipeMaker:
         for _ in range(count):
             step = rng.choice(
                 ["map", "filter", "flat_map", "buffer_shuffle", "rebatch", "prefetch", "pmap"]
+                + ["repeat"]
             )
+            if step == "repeat" and ("repeat" in before or not self.repeat):
+                continue  # rounds within rounds are refused (checked at the end)
             if not allowed(step, before):
                 if rng.random() < 0.7:
                     continue
@@ -324,6 +333,10 @@ class RecipeMaker:
                 depth = rng.randint(1, 3)
                 pipe = pipe.prefetch(depth)
                 text.append(f".prefetch({depth})")
+            elif step == "repeat":  # every round its own shuffle; rounds resumed exactly
+                times = rng.randint(2, 3)
+                pipe, ids = pipe.repeat(times), Counter({i: n * times for i, n in ids.items()})
+                text.append(f".repeat({times})")
             else:
                 pipe = pipe.map(remap, num_workers=2)
                 ids = Counter({_remap_id(i): n for i, n in ids.items()})
@@ -566,11 +579,12 @@ def check_refusal(
 def check_exactly_once(
     case: Case, delivered: list[int], consumers: int, partial: bool = False
 ) -> None:
-    """No id twice, none outside the epoch; all of them unless ``partial`` (a refused resume
-    ends the case early), less what the Loaders reported dropped (a final ``drop_last``
-    batch: at most ``size - 1`` per consumer; ``even_batches``: Loader items, batches or not)."""
+    """No id more often than the epoch holds it (once, or once a round of a ``repeat``), none
+    outside the epoch; all of them unless ``partial`` (a refused resume ends the case early),
+    less what the Loaders reported dropped (a final ``drop_last`` batch: at most ``size - 1``
+    per consumer; ``even_batches``: Loader items, batches or not)."""
     recipe, got = case.recipe, Counter(delivered)
-    twice = sorted(i for i, n in got.items() if n > 1)
+    twice = sorted(i for i, n in got.items() if n > max(recipe.ids[i], 1))
     places = {i: case.where_delivered.get(i) for i in twice[:20]}
     assert not twice, f"delivered more than once (last seen): {places}\n{case.where()}"
     extra = sorted((got - recipe.ids).elements())
@@ -833,7 +847,7 @@ class PlainCount(Node):
 REFUSED: dict[str, Callable[[], dp.DataPipe[Any]]] = {
     "take": lambda: dp.range(60).shuffle().take(20).batch(2),
     "zip": lambda: dp.zip(dp.range(60), dp.range(100, 160)).map(pair_sum),
-    "repeat": lambda: dp.range(30).repeat(2).batch(3),
+    "repeat": lambda: dp.range(30).repeat(2).repeat(2).batch(3),
     "mix": lambda: dp.mix([dp.range(40), dp.range(100, 120)], [1, 1], stop="first_exhausted"),
     "apply_node": lambda: dp.range(60).apply_node(PlainCount),
 }

@@ -121,7 +121,9 @@ def _imports_of_nodes(path: Path) -> set[str]:
 
 
 def test_the_node_contract_imports_only_the_floor_below_it() -> None:
-    floor_below = {"nodes.errors", "nodes.origins", "nodes.consumer_work"}
+    floor_below = {"nodes.errors", "nodes.origins", "nodes.consumer_work", "nodes.rounds"}
     assert _imports_of_nodes(NODES / "base.py") <= floor_below
-    for floor in ("errors.py", "origins.py", "iterators.py", "consumer_work.py"):
+    for floor in ("errors.py", "origins.py", "iterators.py", "rounds.py"):
         assert _imports_of_nodes(NODES / floor) == set(), floor
+    # the work a consumer reads names rounds of a repeat's sources (pure functions of names)
+    assert _imports_of_nodes(NODES / "consumer_work.py") <= {"nodes.rounds"}

@@ -320,7 +320,6 @@ def test_torchvision_style_crops_resume_exactly():
     [
         (lambda: dp.range(10).prefetch(2).random_map(jitter), "before the prefetch"),
         (lambda: dp.range(10).map(abs, num_workers=2).random_map(jitter), "before the"),
-        (lambda: dp.range(10).repeat(2).random_map(jitter), "before the repeat"),
         (lambda: dp.from_iterable(lambda: iter(range(5))).random_map(jitter), ".shard()"),
     ],
 )
@@ -340,6 +339,26 @@ def test_random_map_inside_a_repeat_draws_anew_each_round():
     out = list(dp.Loader(pipe))
     assert [x for x, _ in out] == [0, 1, 2, 3, 4] * 2
     assert all(a[1] != b[1] for a, b in zip(out[:5], out[5:]))
+
+
+def test_random_map_after_a_repeat_draws_per_round_on_any_topology():
+    """A repeat's rounds are places of their own: each item's draw differs round to round,
+    and follows the item (and its round) onto another number of ranks."""
+    pipe = dp.range(20).shuffle().repeat(3).random_map(jitter)
+    whole = sorted(dp.Loader(pipe, seed=5))
+    assert len({draw for _, draw in whole}) == 60
+    old = [dp.Loader(pipe, seed=5, rank=r, world_size=2) for r in range(2)]
+    taken: list[Any] = []
+    for loader, count in zip(old, [23, 4]):
+        taken.extend(islice(iter(loader), count))
+    merged = dp.merge_states([loader.state_dict() for loader in old])
+    for loader in old:
+        loader.close()
+    for rank in range(3):
+        with dp.Loader(pipe, seed=5, rank=rank, world_size=3) as new:
+            new.load_state_dict(roundtrip_state(merged))
+            taken.extend(new)
+    assert sorted(taken) == whole
 
 
 def test_fn_raising_gives_its_own_error():

@@ -56,6 +56,7 @@ class Case:
     text: bool
     chain: list[tuple[int, int]]  # (world size, workers) per stage
     hugging_face: bool = False  # text through a Hugging Face tokenizer, else ids_of
+    rounds: int = 1  # mixed corpora each repeated (sampled with replacement) this many times
 
     def recipe(self) -> dp.DataPipe[Any]:
         tokenizer = word_ids(self.tokens()) if self.hugging_face else ids_of
@@ -68,11 +69,18 @@ class Case:
 
         source = corpus(self.docs)
         if self.other is not None:
-            source = dp.mix([source, corpus(self.other)], weights=[0.7, 0.3])
+            if self.rounds > 1:  # each corpus its own epochs
+                parts = [corpus(self.docs).repeat(self.rounds), corpus(self.other).repeat(2)]
+            else:
+                parts = [source, corpus(self.other)]
+            source = dp.mix(parts, weights=[0.7, 0.3])
         return source.pack(self.seq_len, self.method, bins=self.bins)
 
     def tokens(self) -> list[int]:
-        return sorted(t for d in self.docs + (self.other or []) for t in d)
+        if self.other is None:
+            return sorted(t for d in self.docs for t in d)
+        docs, other = self.docs * self.rounds, self.other * (2 if self.rounds > 1 else 1)
+        return sorted(t for d in docs + other for t in d)
 
 
 def draw(seed: int, workers: bool) -> Case:
@@ -92,7 +100,7 @@ def draw(seed: int, workers: bool) -> Case:
     chain = [(rng.randint(1, 4), rng.choice([0, 1, 2]) if workers else 0) for _ in range(stages)]
     return Case(
         seed, docs, other, seq_len, rng.choice(["concat", "first_fit"]), rng.randint(1, 4),
-        rng.random() < 0.4, chain, rng.random() < 0.5,
+        rng.random() < 0.4, chain, rng.random() < 0.5, rng.choice([1, 1, 3]),
     )  # fmt: skip
 
 
@@ -129,7 +137,8 @@ def run_chain(case: Case) -> list[dict[str, Any]]:
 
 def describe(case: Case) -> str:
     return (
-        f"seed {case.seed}: {len(case.docs)} docs{' + mixed' if case.other else ''}, "
+        f"seed {case.seed}: {len(case.docs)} docs{' + mixed' if case.other else ''} "
+        f"({case.rounds} rounds), "
         f"seq_len {case.seq_len}, {case.method} bins {case.bins}, text {case.text} "
         f"(hugging face {case.hugging_face}), "
         f"chain {case.chain}"

@@ -47,6 +47,14 @@ def epoch_work(pipe: DataPipe[Any], ctx: Context) -> el.Work:
                     "source that deals itself (dp.from_sequence, dp.files)",
                 )
             el.add_work(work, node.place, node.elastic_kind, node.untouched())
+        for node in walk_graph(root):
+            if hasattr(node, "rounds_ahead"):
+                raise el.refuse(
+                    node,
+                    "reads its input again in rounds that each consumer reaches at its own "
+                    "pace; dynamic dispatch hands out one pass of the data: use "
+                    "dispatch='static' for it",
+                )
         return work
     finally:
         root.close()
@@ -75,15 +83,20 @@ def check_work_bounds(
     root = worker_part(pipe, setup.num_workers).build(ctx)
     try:
         places = set()
+        rounds = el.sources_in_rounds(root)
         for node in walk_graph(root):
-            if node.elastic != "source" or node.place not in work:
+            if node.elastic != "source":
                 continue
-            places.add(node.place)
-            where = f"{path}[{node.place!r}]"
-            if work[node.place]["kind"] != node.elastic_kind:
-                expected = f"{node.elastic_kind!r} (the kind of the recipe's source there)"
-                raise InvalidStateError(f"{where}.kind", expected, work[node.place]["kind"])
-            node.validate_plan(plan[node.place], f"{where}.pieces")
+            for place in el.plans_of_source(
+                node.place, work, id(node) in rounds
+            ):  # every round of it
+                places.add(place)
+                where = f"{path}[{place!r}]"
+                if work[place]["kind"] != node.elastic_kind:
+                    expected = f"{node.elastic_kind!r} (the kind of the recipe's source there)"
+                    raise InvalidStateError(f"{where}.kind", expected, work[place]["kind"])
+                node.validate_plan(plan[place], f"{where}.pieces")
+        el.check_rounds(root, list(work), path)
         unknown = set(work) - places
         if unknown:
             raise InvalidStateError(path, "the work of this recipe's sources", sorted(unknown))

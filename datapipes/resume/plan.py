@@ -237,10 +237,16 @@ def validate_plans(
         root = part.build(setup.context(rank, worker, epoch, listings=listings, work=work))
         try:
             places = set()
+            rounds = el.sources_in_rounds(root)
             for node in walk_graph(root):
-                if node.elastic == "source" and node.place in plan:
-                    places.add(node.place)
-                    node.validate_plan(plan[node.place], f"{path}[{worker}][{node.place!r}]")
+                if node.elastic != "source":
+                    continue
+                for place in el.plans_of_source(
+                    node.place, plan, id(node) in rounds
+                ):  # every round of it
+                    places.add(place)
+                    node.validate_plan(plan[place], f"{path}[{worker}][{place!r}]")
+            el.check_rounds(root, list(plan), f"{path}[{worker}]")
             unknown = set(plan) - places
             if unknown:
                 raise InvalidStateError(

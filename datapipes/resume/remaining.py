@@ -170,12 +170,42 @@ def remaining_work(
     (:class:`datapipes.resume.claims.ReplayDispatch`: which units no consumer reached).
     """
     epoch = resume_epoch(state.ranks)
-    setup = state.setup
-    works = []
-    replay = _replay_dispatch(pipe, setup, state.ranks.values(), epoch, listings)
+    replay = _replay_dispatch(pipe, state.setup, state.ranks.values(), epoch, listings)
     if replay is not None and replays is not None:
         replays.append(replay)
     started = replay is not None and replay.started
+    first = _ranks_work(pipe, state, epoch, listings, {}, replay, {})
+    reached = el.rounds_reached(place for work in first[1] for place in work)
+    # Consumers stand in different rounds of a repeat: each one's shares of the rounds up to
+    # the furthest any reached are work too (asked again, now that it is known; a repeat of
+    # a set number of times has given all its rounds already).
+    again = _ranks_work(pipe, state, epoch, listings, drops, replay, reached) if reached else None
+    if again is None and drops is not None:
+        for step, count in first[2].items():
+            drops[step] = drops.get(step, 0) + count
+    started_here, works, _ = first if again is None else again
+    if not (started or started_here):
+        return epoch, None
+    if replay is not None:  # dynamic dispatch: the units no consumer had reached
+        works.append(replay.unreached())
+    return epoch, el.merge_work(works)
+
+
+def _ranks_work(
+    pipe: DataPipe[Any],
+    state: JobState,
+    epoch: int,
+    listings: Listings | None,
+    drops: dict[str, int] | None,
+    replay: ReplayDispatch | None,
+    rounds: dict[str, int] | None = None,
+) -> tuple[bool, list[el.Work], dict[str, int]]:
+    """Whether any rank had started ``epoch``, every consumer's remaining work, and the
+    items the ended workers dropped (also added to ``drops`` when given)."""
+    setup = state.setup
+    drops = {} if drops is None else drops
+    works: list[el.Work] = []
+    started = False
     for rank, entry in state.ranks.items():
         if entry.epoch != epoch:
             started = True  # it finished the epoch: the others' shares are what remains
@@ -188,7 +218,9 @@ def remaining_work(
         try:
             with cursors_checked_later():  # the new consumers check the pieces they read
                 works.extend(
-                    _rank_work(pipe, setup, rank, epoch, node, plans, listings, drops, replay)
+                    _rank_work(
+                        pipe, setup, rank, epoch, node, plans, listings, drops, replay, rounds
+                    )
                 )
         except (StateMismatchError, OSError):
             raise
@@ -200,11 +232,7 @@ def remaining_work(
                 "?",
                 note=f"converting it for another topology failed: {type(error).__name__}: {error}",
             ) from error
-    if not started:
-        return epoch, None
-    if replay is not None:  # dynamic dispatch: the units no consumer had reached
-        works.append(replay.unreached())
-    return epoch, el.merge_work(works)
+    return started, works, drops
 
 
 def claimed_work(
@@ -332,12 +360,13 @@ def _rank_work(
     listings: Any,
     drops: dict[str, int] | None = None,
     replay: ReplayDispatch | None = None,
+    rounds: dict[str, int] | None = None,
 ) -> list[el.Work]:
     if not setup.num_workers:
         root = pipe.build(_context(setup, rank, 0, epoch, plans, listings, replay))
         if node is not None:
             root.validate_state(node, node_path(rank))
-        return [el.consumer_work(root, node)]
+        return [el.consumer_work(root, node, rounds)]
     part = worker_part(pipe, setup.num_workers)
     _check_main_steps(pipe)
     loader_state = _workers_state(node)
@@ -366,7 +395,7 @@ def _rank_work(
             if replay is not None:
                 replay.finished(consumers[worker])
             continue
-        works.append(el.consumer_work(build(worker), position))
+        works.append(el.consumer_work(build(worker), position, rounds))
     return works
 
 

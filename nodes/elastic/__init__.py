@@ -34,14 +34,19 @@ How a node takes part is its :attr:`nodes.Node.elastic`: ``"source"``;
 is its input's position: map, filter, batch, prefetch); ``"buffer"`` (it holds
 items and lists where they came from: :meth:`nodes.Node.in_flight`); ``None``:
 no exact answer, and a resume on another topology is refused naming the step.
+
+A source under a ``repeat`` names its work per round, ``"<place>@<round>"``
+(see :mod:`nodes.rounds`).
 """
 
 from nodes.elastic.conversion import (
     check_graph,
+    check_rounds,
     consumer_work,
     live_nodes,
     selections_below,
     sources_and_nodes,
+    sources_in_rounds,
 )
 from nodes.elastic.pieces import (
     BATCH,
@@ -79,6 +84,12 @@ from nodes.elastic.work import (
     normalize,
 )
 from nodes.errors import ElasticResumeError, refuse
+from nodes.rounds import (
+    plans_of_source,
+    round_place,
+    rounds_reached,
+    split_round,
+)
 
 __all__ = [
     "BATCH",
@@ -94,6 +105,7 @@ __all__ = [
     "check_graph",
     "check_positions",
     "check_records",
+    "check_rounds",
     "coalesce",
     "consumer_work",
     "count_items",
@@ -108,15 +120,20 @@ __all__ = [
     "piece_length",
     "plan_starts",
     "position_at",
+    "plans_of_source",
     "positions",
     "refuse",
     "reranged",
+    "round_place",
+    "rounds_reached",
     "reranged_record",
     "rest_of_plan",
     "select",
     "selected",
     "selections_below",
     "single",
+    "split_round",
     "sources_and_nodes",
+    "sources_in_rounds",
     "stream_targets",
 ]

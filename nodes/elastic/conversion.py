@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from nodes.elastic.pieces import Work, item_origins
 from nodes.elastic.work import add_work
 from nodes.errors import refuse
+from nodes.rounds import split_round
 
 if TYPE_CHECKING:
     from nodes.base import Node, State
@@ -31,10 +32,37 @@ def selections_below(node: Node[Any]) -> bool:
     them (``pack``) then asks each item's origin for its selection while it reads."""
     for part in sources_and_nodes(node):
         if part.elastic == "source":
-            plan = getattr(part, "_plan", None) or ()
-            if any("outputs" in piece or "from" in piece for piece in plan):
+            if any("outputs" in piece or "from" in piece for piece in _dealt_pieces(part)):
                 return True
     return False
+
+
+def _dealt_pieces(source: Node[Any]) -> Iterator[Any]:
+    """The pieces a source was dealt: its plan, and under a ``repeat`` every round's."""
+    yield from getattr(source, "_plan", None) or ()
+    work = getattr(getattr(source, "_ctx", None), "work", None)
+    plans = getattr(work, "plans", None)  # a resumed epoch's dealt work (nodes.DealtWork)
+    base, round_ = split_round(source.place or "")
+    if plans and round_ is not None:
+        for place, pieces in plans.items():
+            if split_round(place)[0] == base:
+                yield from pieces
+
+
+def sources_in_rounds(root: Node[Any]) -> set[int]:
+    """The ids of the sources under a ``repeat`` (their work is named per round)."""
+    out: set[int] = set()
+    for node in sources_and_nodes(root):
+        if hasattr(node, "rounds_ahead"):
+            out.update(id(n) for n in sources_and_nodes(node) if n.elastic == "source")
+    return out
+
+
+def check_rounds(root: Node[Any], places: list[str], path: str) -> None:
+    """Refuse places of rounds that a ``repeat`` of ``root``'s graph never reaches."""
+    for node in sources_and_nodes(root):
+        if hasattr(node, "validate_rounds"):
+            node.validate_rounds(places, path)
 
 
 _NO_HOOK = (
@@ -52,13 +80,19 @@ def check_graph(root: Node[Any]) -> None:
             raise refuse(node, node.elastic_refusal or _NO_HOOK)
 
 
-def consumer_work(root: Node[Any], state: State | None) -> Work:
+def consumer_work(
+    root: Node[Any], state: State | None, rounds_reached: dict[str, int] | None = None
+) -> Work:
     """The remaining work of the consumer whose graph is ``root``, at ``state``.
 
     Resets ``root`` to ``state`` in *conversion* mode (background threads run
     inline, buffers note where their items came from), then asks every
     buffer what it holds and every source what it has not read. Closes the
-    graph after.
+    graph after. ``rounds_reached``: the furthest round of each source under a
+    ``repeat`` that any consumer reached (:func:`nodes.rounds.rounds_reached`
+    of every consumer's work; ``{}`` when none is known yet); this consumer's whole
+    shares of the rounds after its own are work too
+    (:meth:`nodes.repeat.RepeatNode.rounds_ahead`).
     """
     check_graph(root)
     nodes = list(sources_and_nodes(root))
@@ -72,11 +106,19 @@ def consumer_work(root: Node[Any], state: State | None) -> Work:
             if node.elastic == "source":
                 untouched = node.untouched() if id(node) in live else []
                 add_work(work, node.place, node.elastic_kind, untouched)
+        # A buffer may hold items of an earlier round of a repeat than its source is in.
+        kinds = {split_round(n.place)[0]: n.elastic_kind for n in nodes if n.place is not None}
         for node in nodes:
             if id(node) in live:
                 for origin in node.in_flight():
                     for place, piece in item_origins(origin):
-                        add_work(work, place, work[place]["kind"], [piece], first=True)
+                        kind = kinds[split_round(place)[0]]
+                        add_work(work, place, kind, [piece], first=True)
+        if rounds_reached is not None:  # last: it moves the sources on to later rounds
+            for node in nodes:
+                if id(node) in live and hasattr(node, "rounds_ahead"):
+                    for place, kind, pieces in node.rounds_ahead(rounds_reached):
+                        add_work(work, place, kind, pieces)
     finally:
         root.close()
     return work
