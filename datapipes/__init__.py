@@ -20,6 +20,7 @@ from datapipes.stats import PipelineStats, StepStats
 from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError, UnfinishedEpochError
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
+from datapipes.trainers import TrainerLoader
 from datapipes.version import package_version
 from datapipes.write import (
     Manifest,
@@ -58,6 +59,7 @@ __all__ = [
     "StepStats",
     "TakeoverCheckpointError",
     "Topology",
+    "TrainerLoader",
     "TorchDataset",
     "UnevenDataWarning",
     "UnfinishedEpochError",

@@ -21,22 +21,29 @@ class Topology:
     origin: str
 
     def check_against_torch_distributed(self) -> None:
-        """Refuse to run as one rank of one when ``torch.distributed`` says there are more.
+        """Refuse to run as another rank than the process group's, when one was set up
+        after the pipeline was (from the environment, or as one process).
 
-        That happens when the pipeline was set up before ``init_process_group``:
-        every rank would then read all the data, silently duplicating it.
+        Set up before ``init_process_group`` as one process, every rank would read all
+        the data; from environment variables that a launcher set partly or otherwise,
+        ranks would read the same share or none. The process group is the truth.
         """
-        if self.origin != "single process":
-            return
+        if self.origin not in ("single process", "RANK/WORLD_SIZE"):
+            return  # given explicitly (arguments, a device mesh) or by the group itself
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise RuntimeError(
-                f"this pipeline was set up as a single process, but torch.distributed now "
-                f"runs {dist.get_world_size()} ranks: every rank would read all the data. "
-                "Create the Loader (or as_torch_dataset()) after init_process_group, or pass "
-                "rank= and world_size= explicitly."
-            )
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        group = (dist.get_rank(), dist.get_world_size())
+        if group == (self.rank, self.world_size):
+            return
+        raise RuntimeError(
+            f"this pipeline was set up as rank {self.rank} of {self.world_size} (from "
+            f"{self.origin}), but torch.distributed now runs this process as rank {group[0]} "
+            f"of {group[1]}: ranks would read overlapping shares or miss some. Create the "
+            "Loader (or as_torch_dataset()) after init_process_group (in Lightning: in "
+            "train_dataloader()), or pass rank= and world_size= explicitly."
+        )
 
 
 def resolve_topology(
@@ -55,7 +62,9 @@ def resolve_topology(
        With several dimensions (hybrid sharding: ``("replicate", "shard")``) the
        data-parallel size is their product;
     3. ``torch.distributed`` when it is initialized;
-    4. the ``RANK`` and ``WORLD_SIZE`` environment variables (set by ``torchrun``);
+    4. the ``RANK`` and ``WORLD_SIZE`` environment variables (set by ``torchrun``): one
+       without the other is refused, never guessed (``WORLD_SIZE=1`` alone is one
+       process); a process group started later must agree (checked at ``iter``);
     5. one process.
     """
     if (rank is None) != (world_size is None):
@@ -76,13 +85,31 @@ def resolve_topology(
     if dist.is_available() and dist.is_initialized():
         return _checked(dist.get_rank(), dist.get_world_size(), "torch.distributed")
     if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
-        try:
-            env_rank = int(os.environ.get("RANK", "0"))
-            env_world = int(os.environ.get("WORLD_SIZE", "1"))
-        except ValueError as error:
-            raise ValueError(f"RANK/WORLD_SIZE must be integers: {error}") from None
-        return _checked(env_rank, env_world, "RANK/WORLD_SIZE")
+        return _from_environment(os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))
     return Topology(0, 1, "single process")
+
+
+def _from_environment(rank: str | None, world_size: str | None) -> Topology:
+    """``RANK`` and ``WORLD_SIZE`` as a launcher set them; one without the other is refused
+    (never guessed: a rank taken as 0 on every process reads one share twice, and misses
+    the others), except ``WORLD_SIZE=1`` alone."""
+    try:
+        world = None if world_size is None else int(world_size)
+        own = None if rank is None else int(rank)
+    except ValueError as error:
+        raise ValueError(f"RANK/WORLD_SIZE must be integers: {error}") from None
+    if own is None and world == 1:
+        return _checked(0, 1, "RANK/WORLD_SIZE")
+    if own is None or world is None:
+        given, missing = ("WORLD_SIZE", "RANK") if own is None else ("RANK", "WORLD_SIZE")
+        raise ValueError(
+            f"the environment sets {given}={os.environ.get(given)} but not {missing}, so this "
+            "process's data-parallel rank is unknown (some launchers, such as Lightning's DDP "
+            "launcher, set WORLD_SIZE and LOCAL_RANK only, and RANK once the process group "
+            "starts). Create the Loader after init_process_group (in Lightning: in "
+            "train_dataloader()), or pass rank= and world_size= explicitly."
+        )
+    return _checked(own, world, "RANK/WORLD_SIZE")
 
 
 def _from_mesh(mesh: Any, mesh_dims: Sequence[str] | str | None) -> Topology:

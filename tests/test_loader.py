@@ -347,6 +347,50 @@ def test_bad_rank_arguments_are_refused(monkeypatch):
         dp.Loader(dp.range(5))
 
 
+@pytest.mark.parametrize(
+    ("env", "missing"), [({"WORLD_SIZE": "2"}, "RANK"), ({"RANK": "1"}, "WORLD_SIZE")]
+)
+def test_a_world_size_without_a_rank_is_refused_not_guessed(monkeypatch, env, missing):
+    """Lightning's DDP launcher sets WORLD_SIZE and LOCAL_RANK only: taking the rank as 0
+    would read the first share on every process and never the others."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"not {missing}.*rank= and world_size="):
+        dp.Loader(dp.range(5))
+    with pytest.raises(ValueError, match=f"not {missing}"):
+        dp.range(5).as_torch_dataset()
+    assert list(dp.Loader(dp.range(5), rank=0, world_size=1)) == [0, 1, 2, 3, 4]  # explicit
+
+
+def test_a_world_size_of_one_alone_is_one_process(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    loader = dp.Loader(dp.range(4))
+    assert (loader.rank, loader.world_size) == (0, 1) and list(loader) == [0, 1, 2, 3]
+
+
+def test_a_process_group_that_disagrees_with_the_environment_is_refused(monkeypatch, tmp_path):
+    """The rank comes from the process group whenever one exists: a Loader set up from the
+    environment before the group started must agree with it."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = dp.Loader(dp.range(6))  # before the group: rank 1 of 2, from the environment
+    agreeing = dp.Loader(dp.range(6), rank=1, world_size=2)
+    store = f"file://{tmp_path / 'store'}"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="rank 1 of 2 .*rank 0 of 1"):
+            iter(loader)
+        assert list(agreeing) == [1, 3, 5]  # explicit arguments are the user's own choice
+        assert list(dp.Loader(dp.range(6))) == list(range(6))  # made after: the group's
+    finally:
+        dist.destroy_process_group()
+
+
 # ----- big data -------------------------------------------------------------------------
 
 

@@ -1,0 +1,182 @@
+"""dp.TrainerLoader: a Loader inside a trainer, resumed through the trainer's own checkpoint.
+
+The fast tests check the three answers (batches fetched ahead, ``iter()`` that starts
+nothing, a state gathered from every rank) on the Loader alone; the slow ones run real
+PyTorch Lightning jobs (1 process, and 2 DDP ranks over gloo; 0 and 2 DataLoader
+workers) that stop mid-epoch with a checkpoint and resume from it in a new process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import datapipes as dp
+
+JOBS = Path(__file__).parent / "trainer_jobs"
+ROOT = Path(__file__).parent.parent
+
+
+def batches(pipe: dp.DataPipe[Any], **options: Any) -> dp.TrainerLoader:
+    return dp.TrainerLoader(dp.Loader(pipe, seed=1, **options), fetched_ahead=1)
+
+
+def as_lists(items: Any) -> list[Any]:
+    return [b.tolist() for b in items]
+
+
+# ----- fast: the answers, on the Loader alone --------------------------------------------
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 2])
+@pytest.mark.parametrize("used", [0, 1, 3, 5])
+def test_the_state_counts_the_batches_used_not_those_fetched_ahead(ahead, used):
+    pipe = dp.range(24).shuffle().batch(4)
+    whole = as_lists(dp.Loader(pipe, seed=1))
+    data = dp.TrainerLoader(dp.Loader(pipe, seed=1), fetched_ahead=ahead)
+    it = iter(data)
+    if used + ahead <= 6:
+        fetched, done = [next(it) for _ in range(used + ahead)], used  # the trainer's fetcher
+    else:  # the fetcher met the end: the trainer uses every batch before it saves
+        fetched, done = list(it), 6
+    assert as_lists(fetched) == whole[: len(fetched)]
+    state = json.loads(json.dumps(data.state_dict()))
+    resumed = dp.TrainerLoader(dp.Loader(pipe, seed=1), fetched_ahead=ahead)
+    resumed.load_state_dict(state)
+    if done == 6:  # the next epoch, from its start
+        assert resumed.loader.epoch == 1 and len(as_lists(resumed)) == 6
+    else:
+        assert as_lists(resumed) == whole[done:]
+
+
+def test_iter_starts_nothing_until_a_batch_is_asked_for():
+    loader = dp.Loader(dp.range(10).batch(5), seed=1)
+    data = dp.TrainerLoader(loader, fetched_ahead=1)
+    for _ in range(3):
+        iter(data)  # Lightning looks at the loader this way, and throws the iterator away
+    assert loader.epoch == 0 and loader._root is None  # no epoch begun, no graph built
+    assert as_lists(data) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert as_lists(data) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]  # the next epoch
+    assert loader.epoch == 2
+
+
+def test_a_state_loaded_before_iterating_is_the_state_given_back():
+    pipe = dp.range(12).batch(3)
+    data = batches(pipe)
+    it = iter(data)
+    next(it), next(it), next(it)
+    state = data.state_dict()
+    again = batches(pipe)
+    again.load_state_dict(state)
+    iter(again)  # looked at, nothing read
+    assert again.state_dict() == state
+
+
+def test_a_wrong_argument_is_refused_with_its_name():
+    with pytest.raises(TypeError, match="dp.Loader"):
+        dp.TrainerLoader(dp.range(3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="fetched_ahead"):
+        dp.TrainerLoader(dp.Loader(dp.range(3)), fetched_ahead=-1)
+    with pytest.raises(TypeError, match="fetched_ahead"):
+        dp.TrainerLoader(dp.Loader(dp.range(3)), fetched_ahead=True)
+
+
+def test_one_rank_of_a_group_of_one_does_not_gather(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
+    try:
+        data = batches(dp.range(8).batch(2))
+        it = iter(data)
+        next(it), next(it)
+        state = data.state_dict()
+        assert state == data.loader.state_dict() or "ranks" in state
+    finally:
+        dist.destroy_process_group()
+
+
+def _gather_rank(rank: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
+    try:
+        data = batches(dp.range(40).shuffle().batch(2))
+        it = iter(data)
+        for _ in range(3 + 2 * rank):  # the ranks stand at different places
+            next(it)
+        state = data.state_dict()  # collective: every rank's state, merged
+        Path(out, f"{rank}.json").write_text(json.dumps(state))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes
+def test_under_two_ranks_each_rank_saves_every_ranks_state(tmp_path):
+    ctx = torch.multiprocessing.get_context("spawn")
+    store = f"file://{tmp_path / 'store'}"
+    procs = [ctx.Process(target=_gather_rank, args=(r, store, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    states = [json.loads(Path(tmp_path, f"{r}.json").read_text()) for r in range(2)]
+    assert states[0] == states[1]  # rank 0's file alone resumes both ranks
+    pipe = dp.range(40).shuffle().batch(2)
+    for rank, used in ((0, 2), (1, 4)):  # fetched one more than used
+        options = {"rank": rank, "world_size": 2, "even_batches": True}  # as under the group
+        whole = as_lists(dp.Loader(pipe, seed=1, **options))
+        resumed = dp.Loader(pipe, seed=1, **options)
+        resumed.load_state_dict(states[0])
+        assert as_lists(resumed) == whole[used:]
+
+
+# ----- slow: real Lightning jobs ----------------------------------------------------------
+
+
+def run_job(out: Path, *args: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, str(JOBS / "lightning_job.py"), str(out), *args],
+        env=env, capture_output=True, text=True, timeout=300, cwd=out.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def uninterrupted(devices: int, workers: int) -> list[list[list[float]]]:
+    """Each rank's batches over the job's epochs, from the Loader itself (no trainer)."""
+    sys.path.insert(0, str(JOBS))
+    try:
+        import lightning_job as job
+    finally:
+        sys.path.remove(str(JOBS))
+    pipe = dp.range(job.ITEMS).shuffle().map(job.numbered).batch(job.BATCH)
+    out = []
+    for rank in range(devices):
+        loader = dp.Loader(pipe, seed=3, rank=rank, world_size=devices, num_workers=workers)
+        out.append([b.flatten().tolist() for _ in range(job.EPOCHS) for b in loader])
+        loader.close()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("devices", "workers", "stop"), [(1, 0, 7), (2, 2, 5)])
+def test_lightning_resumes_mid_epoch_through_its_checkpoint(tmp_path, devices, workers, stop):
+    pytest.importorskip("lightning")
+    options = ["--devices", str(devices), "--workers", str(workers)]
+    run_job(tmp_path / "stop", *options, "--stop", str(stop))
+    run_job(tmp_path / "resume", *options, "--resume", str(tmp_path / "stop" / "stop.ckpt"))
+    expected = uninterrupted(devices, workers)
+    for rank in range(devices):
+        before = json.loads((tmp_path / "stop" / f"rank{rank}.json").read_text())
+        after = json.loads((tmp_path / "resume" / f"rank{rank}.json").read_text())
+        assert len(before) == stop  # a step per batch
+        assert before + after == expected[rank], f"rank {rank}"
+    every = sorted(x for rank in expected for batch in rank for x in batch)
+    assert every == sorted([float(i) for i in range(48)] * 2)  # each item once an epoch
