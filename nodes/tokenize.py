@@ -25,6 +25,9 @@ BLOCK = 128
 EncodeBatch = Callable[[list[str]], Sequence[Sequence[int]]]
 
 
+_LARGEST = int(np.iinfo(np.int32).max)  # ids are int32
+
+
 class TokenizeNode(Node):
     """Adds ``output`` (the token ids, an int32 array) to every record, from its ``field``.
 
@@ -128,8 +131,7 @@ class TokenizeNode(Node):
                 f"tokenize: the tokenizer returned {len(ids)} token lists for {len(texts)} texts"
             )
         out = []
-        for record, tokens in zip(records, ids):
-            array = self._ids(tokens)
+        for record, array in zip(records, self._block_ids(ids)):
             if isinstance(record, dict):
                 out.append({**record, self._output: array})
             else:
@@ -158,10 +160,39 @@ class TokenizeNode(Node):
             )
         return text
 
+    def _block_ids(self, ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Each text's ids (with ``bos``/``eos``) as int32 arrays: views of one array made
+        from the whole block's lists at once (one conversion a block, not one a text);
+        anything but lists of ints goes through :meth:`_ids`, which says what is wrong."""
+        if not all(type(tokens) is list for tokens in ids):
+            return [self._ids(tokens) for tokens in ids]
+        bos, eos = self._bos, self._eos
+        flat: list[int] = []
+        bounds = [0]
+        for tokens in ids:
+            if bos is not None:
+                flat.append(bos)
+            flat += tokens
+            if eos is not None:
+                flat.append(eos)
+            bounds.append(len(flat))
+        try:
+            array = np.array(flat, dtype=np.int32)
+        except (TypeError, ValueError, OverflowError):  # nested lists, non-ints, too large
+            return [self._ids(tokens) for tokens in ids]
+        if array.size and array.min() < 0:
+            return [self._ids(tokens) for tokens in ids]  # says which
+        return [array[start:stop] for start, stop in zip(bounds, bounds[1:])]
+
     def _ids(self, tokens: Sequence[int]) -> np.ndarray:
         array = np.asarray(tokens, dtype=np.int64)
         if array.ndim != 1:
             raise ValueError(f"tokenize: the tokenizer returned ids of shape {array.shape}")
+        if array.size and (array.min() < 0 or array.max() > _LARGEST):
+            raise ValueError(
+                f"tokenize: the tokenizer returned ids outside 0..{_LARGEST} "
+                f"(from {array.min()} to {array.max()})"
+            )
         if self._bos is None and self._eos is None:
             return array.astype(np.int32, copy=False)
         parts = [array]
