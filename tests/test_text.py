@@ -274,6 +274,18 @@ def test_a_tokenizer_that_raises_is_raised_with_a_note() -> None:
 
 
 @pytest.mark.parametrize(
+    ("ids", "message"),
+    [([-1, 2], "outside 0..2147483647"), ([2**40], "outside 0..2147483647"),
+     ([[1, 2], [3]], "shape"), (["a"], "invalid literal|could not convert")],
+)  # fmt: skip
+def test_a_tokenizer_returning_what_are_not_token_ids_is_refused(ids: Any, message: str) -> None:
+    """A block is converted at once; a bad list among good ones is still named."""
+    pipe = dp.from_sequence(["ok", "bad", "ok"]).tokenize(lambda t: ids if t == "bad" else [7])
+    with pytest.raises((ValueError, TypeError), match=message):
+        list(dp.Loader(pipe))
+
+
+@pytest.mark.parametrize(
     ("tokens", "message"),
     [([[1, 2], [3]], "1-d ints"), ([0.5, 1.5], "1-d ints"), (["a", "b"], "1-d ints")],
 )
