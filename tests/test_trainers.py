@@ -2,14 +2,16 @@
 
 The fast tests check the three answers (batches fetched ahead, ``iter()`` that starts
 nothing, a state gathered from every rank) on the Loader alone; the slow ones run real
-PyTorch Lightning jobs (1 process, and 2 DDP ranks over gloo; 0 and 2 DataLoader
-workers) that stop mid-epoch with a checkpoint and resume from it in a new process.
+PyTorch Lightning and HF Accelerate jobs (1 process, and 2 ranks over gloo; 0 and 2
+DataLoader workers) that stop mid-epoch with a checkpoint and resume from it in new
+processes, through the trainer's own checkpointing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -138,12 +140,23 @@ def test_under_two_ranks_each_rank_saves_every_ranks_state(tmp_path):
 # ----- slow: real Lightning jobs ----------------------------------------------------------
 
 
-def run_job(out: Path, *args: str) -> None:
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_job(script: str, out: Path, *args: str, processes: int = 1) -> None:
+    """Run a job of ``tests/trainer_jobs`` in new processes (``processes`` under torchrun)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
+    launch = [sys.executable]
+    if processes > 1:
+        launch += ["-m", "torch.distributed.run", f"--nproc-per-node={processes}"]
+        launch += [f"--master-port={free_port()}"]
     done = subprocess.run(
-        [sys.executable, str(JOBS / "lightning_job.py"), str(out), *args],
+        [*launch, str(JOBS / script), str(out), *args],
         env=env, capture_output=True, text=True, timeout=300, cwd=out.parent,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -170,10 +183,31 @@ def uninterrupted(devices: int, workers: int) -> list[list[list[float]]]:
 def test_lightning_resumes_mid_epoch_through_its_checkpoint(tmp_path, devices, workers, stop):
     pytest.importorskip("lightning")
     options = ["--devices", str(devices), "--workers", str(workers)]
-    run_job(tmp_path / "stop", *options, "--stop", str(stop))
-    run_job(tmp_path / "resume", *options, "--resume", str(tmp_path / "stop" / "stop.ckpt"))
-    expected = uninterrupted(devices, workers)
-    for rank in range(devices):
+    job = "lightning_job.py"
+    run_job(job, tmp_path / "stop", *options, "--stop", str(stop))
+    run_job(job, tmp_path / "resume", *options, "--resume", str(tmp_path / "stop" / "stop.ckpt"))
+    check_resumed(tmp_path, devices, workers, stop)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("processes", "workers", "stop"), [(1, 0, 7), (2, 2, 5)])
+def test_accelerate_resumes_mid_epoch_through_save_and_load_state(
+    tmp_path, processes, workers, stop
+):
+    """The TrainerLoader through ``prepare`` (unchanged) and ``register_for_checkpointing``:
+    ``save_state`` writes rank 0's gathered state, ``load_state`` gives it to every rank."""
+    pytest.importorskip("accelerate")
+    job, options = "accelerate_job.py", ["--workers", str(workers)]
+    run_job(job, tmp_path / "stop", *options, "--stop", str(stop), processes=processes)
+    state = str(tmp_path / "stop" / "state")
+    run_job(job, tmp_path / "resume", *options, "--resume", state, processes=processes)
+    check_resumed(tmp_path, processes, workers, stop)
+
+
+def check_resumed(tmp_path: Path, ranks: int, workers: int, stop: int) -> None:
+    """Each rank's batches before the stop and after the resume are the uninterrupted run's."""
+    expected = uninterrupted(ranks, workers)
+    for rank in range(ranks):
         before = json.loads((tmp_path / "stop" / f"rank{rank}.json").read_text())
         after = json.loads((tmp_path / "resume" / f"rank{rank}.json").read_text())
         assert len(before) == stop  # a step per batch

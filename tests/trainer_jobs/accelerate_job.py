@@ -1,0 +1,66 @@
+"""A tiny HF Accelerate job over a datapipes Loader: train, or stop mid-epoch after
+``save_state``, or resume with ``load_state``; each process writes the batches it trained
+on (tests/test_trainers.py). Several processes: run it under torchrun.
+
+python accelerate_job.py OUT_DIR --workers 0|2 [--stop STEP] [--resume STATE_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+import datapipes as dp
+
+ITEMS, BATCH, EPOCHS = 48, 4, 2
+
+
+def numbered(x: int) -> torch.Tensor:
+    return torch.tensor([float(x)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--stop", type=int)
+    parser.add_argument("--resume")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    accelerator = Accelerator(cpu=True)  # starts the process group under torchrun
+    pipe = dp.range(ITEMS).shuffle().map(numbered).batch(BATCH)
+    data = dp.TrainerLoader(dp.Loader(pipe, seed=3, num_workers=args.workers))
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)  # data: unchanged
+    accelerator.register_for_checkpointing(data)  # its state in save_state / load_state
+    if args.resume:
+        accelerator.load_state(args.resume)
+    seen: list[list[float]] = []
+    step = 0
+    for _ in data.loader.epochs(EPOCHS):  # after load_state: the saved epoch, mid-way
+        for batch in data:
+            seen.append(batch.flatten().tolist())
+            loss = model(batch).pow(2).mean()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == args.stop:
+                accelerator.save_state(str(out / "state"))
+                break
+        if step == args.stop:
+            break
+    rank = accelerator.process_index
+    (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
