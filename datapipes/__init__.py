@@ -9,6 +9,7 @@
 from datapipes.combine import concat, mix, zip
 from datapipes.dcp_states import load_dcp_states
 from datapipes.files import FileList, files
+from datapipes.hf_trainer import use_in_hf_trainer
 from datapipes.iterables import from_iterable
 from datapipes.listings import ListingMismatchError
 from datapipes.loader import InexactResumeWarning, InvalidStateError, Loader, StateMismatchError
@@ -81,4 +82,5 @@ __all__ = [
     "save_checkpoint",
     "write",
     "zip",
+    "use_in_hf_trainer",
 ]

@@ -63,9 +63,6 @@ class TrainerLoader:
         self._run = _Run(self.loader, self.fetched_ahead)
         return self._run
 
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
-
     def state_dict(self) -> dict[str, Any]:
         """The position after the batches the trainer used; under several ranks (with
         ``gather``) every rank's, merged. Collective then: call it on every rank."""

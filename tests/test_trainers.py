@@ -2,7 +2,7 @@
 
 The fast tests check the three answers (batches fetched ahead, ``iter()`` that starts
 nothing, a state gathered from every rank) on the Loader alone; the slow ones run real
-PyTorch Lightning and HF Accelerate jobs (1 process, and 2 ranks over gloo; 0 and 2
+PyTorch Lightning, HF Accelerate and HF Trainer jobs (1 process, and 2 ranks over gloo; 0 and 2
 DataLoader workers) that stop mid-epoch with a checkpoint and resume from it in new
 processes, through the trainer's own checkpointing.
 """
@@ -202,6 +202,43 @@ def test_accelerate_resumes_mid_epoch_through_save_and_load_state(
     state = str(tmp_path / "stop" / "state")
     run_job(job, tmp_path / "resume", *options, "--resume", state, processes=processes)
     check_resumed(tmp_path, processes, workers, stop)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("processes", "workers", "stop"), [(1, 0, 7), (2, 2, 5)])
+def test_hf_trainer_resumes_mid_epoch_from_its_checkpoint_folder(
+    tmp_path, processes, workers, stop
+):
+    """dp.use_in_hf_trainer: the Loader's state in every checkpoint folder, loaded by
+    ``train(resume_from_checkpoint=folder)``; the Trainer neither re-reads nor skips."""
+    pytest.importorskip("transformers")
+    job, options = "hf_job.py", ["--workers", str(workers)]
+    run_job(job, tmp_path / "stop", *options, "--stop", str(stop), processes=processes)
+    folder = str(tmp_path / "stop" / f"checkpoint-{stop}")
+    run_job(job, tmp_path / "resume", *options, "--resume", folder, processes=processes)
+    check_resumed(tmp_path, processes, workers, stop)
+
+
+def test_hf_trainer_glue_refuses_what_would_skip_or_lose_data(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from datapipes import hf_trainer
+
+    def trainer(**options: Any) -> Any:
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path), use_cpu=True, report_to=[], **options
+        )
+        return transformers.Trainer(model=torch.nn.Linear(1, 1), args=args)
+
+    data = dp.TrainerLoader(dp.Loader(dp.range(8).batch(2)))
+    with pytest.raises(ValueError, match="ignore_data_skip=True"):
+        hf_trainer.use_in_hf_trainer(trainer(), data)
+    with pytest.raises(TypeError, match="dp.TrainerLoader"):
+        hf_trainer.use_in_hf_trainer(trainer(ignore_data_skip=True), data.loader)
+    with pytest.raises(FileNotFoundError, match="without the Loader's state"):
+        hf_trainer.read_state(tmp_path)
+    (tmp_path / hf_trainer.STATE_FILE).write_text('{"version": ')
+    with pytest.raises(ValueError, match="damaged JSON"):
+        hf_trainer.read_state(tmp_path)
 
 
 def check_resumed(tmp_path: Path, ranks: int, workers: int, stop: int) -> None:

@@ -1,0 +1,83 @@
+"""A tiny Hugging Face Trainer job over a datapipes Loader (dp.use_in_hf_trainer): train,
+or stop mid-epoch right after a checkpoint, or resume from one; writes the batches it
+trained on (tests/test_trainers.py).
+
+python hf_job.py OUT_DIR --workers 0|2 [--stop STEP] [--resume CHECKPOINT_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+import datapipes as dp
+from datapipes.hf_trainer import use_in_hf_trainer
+
+ITEMS, BATCH, EPOCHS = 48, 4, 2
+
+
+def record(x: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.tensor([float(x)])}
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[list[float]] = []
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.training:
+            self.seen.append(x.flatten().tolist())
+        return {"loss": self.layer(x).pow(2).mean()}
+
+
+class StopAfterSave(TrainerCallback):
+    """Stop right after the checkpoint of step ``step``, as a job killed there."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--stop", type=int)
+    parser.add_argument("--resume")
+    args = parser.parse_args()
+    out = Path(args.out)
+    training = TrainingArguments(
+        output_dir=str(out),
+        # the Loader has no length: steps, each rank a batch a step, a pass an epoch
+        max_steps=EPOCHS * ITEMS // BATCH // int(os.environ.get("WORLD_SIZE", "1")),
+        save_strategy="steps",
+        save_steps=args.stop or 10_000,
+        ignore_data_skip=True,  # the Loader resumes where the checkpoint was
+        report_to=[],
+        logging_strategy="no",
+        use_cpu=True,
+        learning_rate=0.01,
+        disable_tqdm=True,
+    )
+    model = Tiny()
+    callbacks = [] if args.stop is None else [StopAfterSave(args.stop)]
+    trainer = Trainer(model=model, args=training, callbacks=callbacks)
+    pipe = dp.range(ITEMS).shuffle().map(record).batch(BATCH)
+    use_in_hf_trainer(trainer, dp.TrainerLoader(dp.Loader(pipe, seed=3, num_workers=args.workers)))
+    trainer.train(resume_from_checkpoint=args.resume)
+    (out / f"rank{trainer.args.process_index}.json").write_text(json.dumps(model.seen))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
