@@ -37,6 +37,13 @@ class Topology:
         group = (dist.get_rank(), dist.get_world_size())
         if group == (self.rank, self.world_size):
             return
+        if self.origin == "single process":
+            raise RuntimeError(
+                f"this pipeline was set up as a single process, but torch.distributed now "
+                f"runs {group[1]} ranks: every rank would read all the data. Create the Loader "
+                "(or as_torch_dataset()) after init_process_group (in Lightning: in "
+                "train_dataloader()), or pass rank= and world_size= explicitly."
+            )
         raise RuntimeError(
             f"this pipeline was set up as rank {self.rank} of {self.world_size} (from "
             f"{self.origin}), but torch.distributed now runs this process as rank {group[0]} "

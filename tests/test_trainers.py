@@ -14,12 +14,14 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from test_distributed import TEARDOWN_ABORT
 
 import datapipes as dp
 
@@ -159,6 +161,13 @@ def run_job(script: str, out: Path, *args: str, processes: int = 1) -> None:
         [*launch, str(JOBS / script), str(out), *args],
         env=env, capture_output=True, text=True, timeout=300, cwd=out.parent,
     )  # fmt: skip
+    written = all((out / f"rank{rank}.json").exists() for rank in range(processes))
+    if done.returncode != 0 and written and TEARDOWN_ABORT in done.stderr:
+        # torch's own thread aborting a rank's exit after the job's work (tests/test_distributed)
+        warnings.warn(
+            f"{script}: a rank aborted in torch's teardown, after its results", stacklevel=2
+        )
+        return
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 

@@ -26,6 +26,7 @@ EXPECTED = [
     "08_reuse_across_projects",
     "09_preprocess_and_write",
     "10_text_pretraining",
+    "11_inside_your_trainer",
 ]
 
 

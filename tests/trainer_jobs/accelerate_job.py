@@ -59,7 +59,10 @@ def main() -> None:
             break
     rank = accelerator.process_index
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    data.close()
     accelerator.end_training()
+    if torch.distributed.is_initialized():  # gloo's threads left at exit can abort it
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

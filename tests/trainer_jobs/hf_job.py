@@ -74,9 +74,13 @@ def main() -> None:
     callbacks = [] if args.stop is None else [StopAfterSave(args.stop)]
     trainer = Trainer(model=model, args=training, callbacks=callbacks)
     pipe = dp.range(ITEMS).shuffle().map(record).batch(BATCH)
-    use_in_hf_trainer(trainer, dp.TrainerLoader(dp.Loader(pipe, seed=3, num_workers=args.workers)))
+    data = dp.TrainerLoader(dp.Loader(pipe, seed=3, num_workers=args.workers))
+    use_in_hf_trainer(trainer, data)
     trainer.train(resume_from_checkpoint=args.resume)
     (out / f"rank{trainer.args.process_index}.json").write_text(json.dumps(model.seen))
+    data.close()
+    if torch.distributed.is_initialized():  # gloo's threads left at exit can abort it
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
