@@ -14,6 +14,7 @@ from datapipes.iterables import from_iterable
 from datapipes.listings import ListingMismatchError
 from datapipes.loader import InexactResumeWarning, InvalidStateError, Loader, StateMismatchError
 from datapipes.pipe import DataPipe
+from datapipes.rank_stats import RankStats
 from datapipes.resume import merge_states
 from datapipes.saving import load_checkpoint, save_checkpoint
 from datapipes.sources import from_sequence, range
@@ -56,6 +57,7 @@ __all__ = [
     "Manifest",
     "PipelineStats",
     "RandomMapError",
+    "RankStats",
     "StateMismatchError",
     "StepStats",
     "TakeoverCheckpointError",

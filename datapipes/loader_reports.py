@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from datapipes.rank_stats import RankStats, gather
 from datapipes.stats import PipelineStats
 from datapipes.workers import worker_drop_counts, worker_loss_counts, worker_skip_counts
 
 
 class LoaderReports:
-    """``stats()``, ``skipped()``, ``losses()`` and ``dropped()`` of a Loader."""
+    """``stats()``, ``stats_by_rank()``, ``skipped()``, ``losses()`` and ``dropped()`` of a
+    Loader."""
 
     collects_stats: bool
     _root: Any
@@ -45,6 +47,15 @@ class LoaderReports:
         if self._takeovers is not None:
             report.leases = self._takeovers.report()
         return report
+
+    def stats_by_rank(self) -> RankStats:
+        """Every rank's :meth:`stats`, gathered, naming the slowest rank and its slowest step.
+
+        A collective through ``torch.distributed``: call it on every rank at the same
+        point (after an epoch, or every N steps), never per batch; it costs one
+        ``all_gather_object`` of each rank's table. ``print()`` it for a table.
+        """
+        return gather(self.stats())
 
     def skipped(self) -> dict[str, int]:
         """Skips so far in this epoch, per step with ``on_error="skip"``.

@@ -1,0 +1,86 @@
+"""Loader.stats_by_rank(): every rank's statistics gathered, naming the slowest rank and its
+slowest step (a real 3-rank gloo job with one rank slowed)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import datapipes as dp
+from datapipes.rank_stats import RankStats
+from datapipes.stats import PipelineStats, StepStats
+
+
+def ranked(wait: float, own: float, name: str = "map(decode)") -> PipelineStats:
+    step = StepStats(name, "main", 1, 10, own, 0.0, 0)
+    return PipelineStats(
+        [step, StepStats("range(10)", "main", 1, 10, 0.001, 0.0, 0)], 0, 10, 2.0, wait
+    )
+
+
+def test_the_slowest_rank_is_the_one_whose_loop_waited_longest():
+    view = RankStats([ranked(0.1, 0.2), ranked(1.5, 1.4, "map(slow)"), ranked(0.1, 0.3)])
+    assert view.slowest_rank() == 1
+    assert view.slowest_step(1).step == "map(slow)"
+    table = str(view)
+    assert "slowest rank: 1" in table and "map(slow)" in table
+    assert len(table.splitlines()) == 1 + 3 + 1  # header, a row per rank, the verdict
+    assert json.loads(json.dumps(view.as_dict()))["slowest_rank"] == 1
+
+
+def test_equal_waits_name_the_rank_with_the_most_own_time():
+    assert RankStats([ranked(0.0, 0.1), ranked(0.0, 0.7), ranked(0.0, 0.2)]).slowest_rank() == 1
+
+
+def test_without_a_process_group_it_says_to_use_stats():
+    loader = dp.Loader(dp.range(5), stats=True)
+    list(loader)
+    with pytest.raises(RuntimeError, match="not initialized.*stats\\(\\)"):
+        loader.stats_by_rank()
+
+
+def slow_on_rank_one(x: int) -> int:
+    if dist.get_rank() == 1:
+        time.sleep(0.004)
+    return x
+
+
+def _rank(rank: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=3)
+    try:
+        loader = dp.Loader(dp.range(150).map(slow_on_rank_one).batch(5), stats=True)
+        for _ in loader:
+            dist.all_reduce(torch.zeros(1))  # a training step: every rank waits for the slowest
+        view = loader.stats_by_rank()  # collective, after the loop
+        Path(out, f"{rank}.json").write_text(
+            json.dumps(
+                {
+                    "slowest": view.slowest_rank(),
+                    "table": str(view),
+                    "step": view.slowest_step(view.slowest_rank()).step,
+                }
+            )
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # three processes
+def test_a_three_rank_job_names_the_slowed_rank_and_its_step(tmp_path):
+    ctx = torch.multiprocessing.get_context("spawn")
+    store = f"file://{tmp_path / 'store'}"
+    procs = [ctx.Process(target=_rank, args=(r, store, str(tmp_path))) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+        assert p.exitcode == 0
+    views = [json.loads(Path(tmp_path, f"{r}.json").read_text()) for r in range(3)]
+    assert all(v["slowest"] == 1 for v in views), views[0]["table"]
+    assert all(v["step"] == "map(slow_on_rank_one)" for v in views)
+    assert views[0]["table"] == views[2]["table"]  # every rank sees the same view
