@@ -275,6 +275,8 @@ class Loader(LoaderCheckpoints, LoaderReports):
             assert self._dispatch is not None and self._dispatch.spec is not None
             items = self._takeovers.deliver(items, self._dispatch.spec)
         self._stats.clock.start()
+        if self._stats.enabled:
+            items = self._stats.timed(items, root, run.epoch)
         bar = None
         if self.progress:
             bar = ProgressBar(run.epoch, self.pipe, progress_bar_class())

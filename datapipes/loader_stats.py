@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from time import monotonic
 from typing import Any
 
 from datapipes.progress import EpochClock
@@ -12,6 +14,9 @@ from nodes.stats import StatsNode, clear_stats, graph_stats
 
 #: The statistics key of the Loader's own row: what the training loop waited for.
 LOADER_KEY = "loader"
+
+#: Seconds between two points of an epoch's timeline (``PipelineStats.timeline``).
+TIMELINE_SECONDS = 0.5
 
 
 class LoaderStats:
@@ -25,12 +30,13 @@ class LoaderStats:
     graph is built.
     """
 
-    __slots__ = ("enabled", "clock", "_kept")
+    __slots__ = ("enabled", "clock", "_kept", "_timeline")
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.clock = EpochClock()
         self._kept: PipelineStats | None = None
+        self._timeline: list[dict[str, Any]] = []
 
     def wrap(self, root: Node[Any]) -> Node[Any]:
         """``root`` with the Loader's row on top when statistics are on."""
@@ -46,6 +52,18 @@ class LoaderStats:
     def new_epoch(self, root: Node[Any]) -> None:
         """Statistics are per epoch (and start again at a resume)."""
         clear_stats(root)
+        self._timeline = []
+
+    def timed(self, items: Iterator[Any], root: Node[Any], epoch: int) -> Iterator[Any]:
+        """``items``, noting a point of the epoch's timeline every :data:`TIMELINE_SECONDS`
+        (a clock read per output; statistics on only)."""
+        every = TIMELINE_SECONDS
+        due = monotonic() + every
+        for item in items:
+            yield item
+            if monotonic() >= due:
+                self._timeline.append(point(self.report(root, epoch)))
+                due = monotonic() + every
 
     def report(self, root: Node[Any] | None, epoch: int) -> PipelineStats:
         """The table of ``epoch``, read from ``root``'s graph (or kept from a closed one)."""
@@ -55,15 +73,27 @@ class LoaderStats:
         loader = [row for row in rows if row["key"] == LOADER_KEY]
         steps = merge_rows("workers", [s.get("stats") for s in worker_states(root)])
         steps += merge_rows("main", [[row for row in rows if row["key"] != LOADER_KEY]])
-        return PipelineStats(
+        stats = PipelineStats(
             steps=steps,
             epoch=epoch,
             delivered=loader[0]["items"] if loader else 0,
             elapsed_seconds=self.clock.seconds(),
             loader_wait_seconds=loader[0]["seconds"] if loader else 0.0,
         )
+        stats.timeline = [*self._timeline, point(stats)]
+        return stats
 
     def keep(self, root: Node[Any], epoch: int) -> None:
         """``root`` is closing: its last epoch's table outlives it (when statistics are on)."""
         if self.enabled:
             self._kept = self.report(root, epoch)
+
+
+def point(stats: PipelineStats) -> dict[str, Any]:
+    """One point of a timeline: the epoch's totals so far (see ``PipelineStats.timeline``)."""
+    return {
+        "seconds": stats.elapsed_seconds,
+        "delivered": stats.delivered,
+        "waited": stats.loader_wait_seconds,
+        "steps": {step.step: step.self_seconds for step in stats.steps},
+    }

@@ -73,6 +73,9 @@ class PipelineStats:
     #: "items_taken_over": items read of taken-over ranks, "fenced": whether this rank's
     #: lease was taken}``; empty otherwise.
     leases: dict[str, Any] = field(default_factory=dict)
+    #: The epoch over time: a point about every half second (and one now), each the totals
+    #: so far, ``{"seconds", "delivered", "waited", "steps": {step: own seconds}}``.
+    timeline: list[dict[str, Any]] = field(default_factory=list)
 
     def slowest(self) -> StepStats | None:
         """The step with the most own time (wall-clock equivalent), or ``None`` if none ran."""
@@ -87,6 +90,32 @@ class PipelineStats:
             if step.mix:
                 row["shares"] = step.shares
         return out
+
+    def figure(self, path: str | None = None) -> Any:
+        """A matplotlib figure of the epoch over time (the ``plots`` extra): outputs per
+        second and the training loop's wait, then each step's share of the work, the
+        slowest step marked. Saved to ``path`` when given (``.png``, ``.svg``, ``.pdf``).
+        """
+        from datapipes.stats_figure import draw
+
+        return draw(self, path)
+
+    def log_to(self, writer: Any, global_step: int) -> None:
+        """Scalars for TensorBoard through a ``SummaryWriter`` (anything with
+        ``add_scalar(tag, value, global_step)``): outputs per second, the share of the
+        time the loop waited, and each step's microseconds per item, under ``datapipes/``.
+        """
+        elapsed = self.elapsed_seconds
+        writer.add_scalar(
+            "datapipes/outputs_per_second", self.delivered / elapsed if elapsed else 0.0,
+            global_step,
+        )  # fmt: skip
+        writer.add_scalar(
+            "datapipes/wait_share", self.loader_wait_seconds / elapsed if elapsed else 0.0,
+            global_step,
+        )  # fmt: skip
+        for step in self.steps:
+            writer.add_scalar(f"datapipes/us_per_item/{step.step}", step.us_per_item, global_step)
 
     def table(self) -> str:
         """The statistics as a text table, followed by the slowest step and the loader's wait."""
