@@ -15,8 +15,10 @@ from nodes.stats import StatsNode, clear_stats, graph_stats
 #: The statistics key of the Loader's own row: what the training loop waited for.
 LOADER_KEY = "loader"
 
-#: Seconds between two points of an epoch's timeline (``PipelineStats.timeline``).
-TIMELINE_SECONDS = 0.5
+#: Seconds between two points of an epoch's timeline (``PipelineStats.timeline``) at first;
+#: when it holds TIMELINE_POINTS, every other point goes and the interval doubles.
+TIMELINE_SECONDS = 0.05
+TIMELINE_POINTS = 1000
 
 
 class LoaderStats:
@@ -56,13 +58,18 @@ class LoaderStats:
 
     def timed(self, items: Iterator[Any], root: Node[Any], epoch: int) -> Iterator[Any]:
         """``items``, noting a point of the epoch's timeline every :data:`TIMELINE_SECONDS`
-        (a clock read per output; statistics on only)."""
+        (a clock read per output; statistics on only). A long epoch keeps at most
+        :data:`TIMELINE_POINTS`: the interval doubles each time they are reached."""
         every = TIMELINE_SECONDS
         due = monotonic() + every
+        timeline = self._timeline
         for item in items:
             yield item
             if monotonic() >= due:
-                self._timeline.append(point(self.report(root, epoch)))
+                timeline.append(point(self.report(root, epoch)))
+                if len(timeline) >= TIMELINE_POINTS:
+                    del timeline[::2]
+                    every *= 2
                 due = monotonic() + every
 
     def report(self, root: Node[Any] | None, epoch: int) -> PipelineStats:

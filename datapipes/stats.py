@@ -73,8 +73,9 @@ class PipelineStats:
     #: "items_taken_over": items read of taken-over ranks, "fenced": whether this rank's
     #: lease was taken}``; empty otherwise.
     leases: dict[str, Any] = field(default_factory=dict)
-    #: The epoch over time: a point about every half second (and one now), each the totals
-    #: so far, ``{"seconds", "delivered", "waited", "steps": {step: own seconds}}``.
+    #: The epoch over time: a point every 0.05 s (at most 1,000: the interval doubles as
+    #: they fill), and one now; each the totals so far,
+    #: ``{"seconds", "delivered", "waited", "steps": {step: own seconds}}``.
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
     def slowest(self) -> StepStats | None:

@@ -22,7 +22,12 @@ def draw(stats: PipelineStats, path: str | None = None) -> Any:
         raise ImportError(
             "PipelineStats.figure() draws with matplotlib: pip install 'datapipes-torch[plots]'"
         ) from None
-    points = [{"seconds": 0.0, "delivered": 0, "waited": 0.0, "steps": {}}, *stats.timeline]
+    points = [{"seconds": 0.0, "delivered": 0, "waited": 0.0, "steps": {}}]
+    for point in stats.timeline:  # a point within 10 ms of the one before replaces it
+        if point["seconds"] - points[-1]["seconds"] < 0.01 and len(points) > 1:
+            points[-1] = point
+        else:
+            points.append(point)
     figure, (rate_axes, share_axes) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     times, rates, waits = [], [], []
     for before, after in zip(points, points[1:]):

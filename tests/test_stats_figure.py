@@ -75,3 +75,14 @@ def test_tensorboard_scalars_name_every_step(stats: dp.PipelineStats) -> None:
     assert 0 <= tags["datapipes/wait_share"] <= 1
     assert tags["datapipes/us_per_item/map(nap)"] >= 2000  # it sleeps 2 ms an item
     assert len(writer.logged) == 2 + len(stats.steps)
+
+
+def test_a_long_epoch_keeps_a_bounded_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loader_stats, "TIMELINE_SECONDS", 0.0)  # a point after every output
+    monkeypatch.setattr(loader_stats, "TIMELINE_POINTS", 16)
+    loader = dp.Loader(dp.range(500), stats=True)
+    assert len(list(loader)) == 500
+    points = loader.stats().timeline
+    assert 8 <= len(points) <= 17  # halved whenever 16 were reached, plus the last
+    assert [p["delivered"] for p in points] == sorted(p["delivered"] for p in points)
+    assert points[-1]["delivered"] == 500

@@ -14,7 +14,9 @@
 
 # %%
 import io
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -75,6 +77,17 @@ assert loader.stats().slowest().step == "map(decode)"
 #   one to work on. The last line says how long the training loop itself
 #   waited for data: here all of the epoch, since there is no training step
 #   yet.
+#
+# The same epoch over time: `stats.figure(path)` draws the outputs per
+# second with the share of each interval the loop waited, then each
+# step's share of the work, the slowest step bold (matplotlib, the `[plots]`
+# extra). `stats.log_to(writer, step)` sends the numbers to TensorBoard.
+
+# %%
+picture = Path(tempfile.mkdtemp()) / "epoch.png"
+figure = loader.stats().figure(str(picture))
+print(f"the epoch over time: {picture} ({picture.stat().st_size:,} bytes)")
+assert "slowest step: map(decode)" in figure._suptitle.get_text()
 
 # %% [markdown]
 # ## Make the slow step parallel
@@ -199,8 +212,6 @@ print(f"resumed after {len(head)} batches: the stream is identical")
 
 # %%
 import tarfile  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from PIL import Image  # noqa: E402
 
