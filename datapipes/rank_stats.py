@@ -15,15 +15,16 @@ from datapipes.stats import PipelineStats, StepStats
 @dataclass
 class RankStats:
     """The statistics of every rank (``ranks[r]`` is rank ``r``'s), with a table naming the
-    slowest rank: the one whose training loop waited longest for data (in a job that
-    synchronizes its ranks every step, the others then wait for it in their collectives),
-    and that rank's slowest step.
+    slowest rank, the one whose pipeline spent the most time per output in its own steps,
+    and that rank's slowest step. (Not the longest wait for data: in a job whose ranks meet
+    in collectives, the others wait for the slow one too, and ``even_batches`` makes them
+    wait for it inside the Loader.)
 
     >>> from datapipes.stats import PipelineStats, StepStats
     >>> def rank(wait, own):
     ...     step = StepStats("map(decode)", "main", 1, 10, own, 0.0, 0)
     ...     return PipelineStats([step], 0, 10, 1.0, wait)
-    >>> view = RankStats([rank(0.1, 0.1), rank(0.9, 0.8)])
+    >>> view = RankStats([rank(0.9, 0.1), rank(0.9, 0.8)])
     >>> view.slowest_rank(), view.slowest_step(1).step
     (1, 'map(decode)')
     """
@@ -31,10 +32,10 @@ class RankStats:
     ranks: list[PipelineStats]
 
     def slowest_rank(self) -> int:
-        """The rank whose training loop waited longest for data (ties: the most own time)."""
+        """The rank whose steps spent the most time per output (ties: the longest wait)."""
         return max(
             range(len(self.ranks)),
-            key=lambda r: (self.ranks[r].loader_wait_seconds, _own(self.ranks[r])),
+            key=lambda r: (_per_output(self.ranks[r]), self.ranks[r].loader_wait_seconds),
         )
 
     def slowest_step(self, rank: int) -> StepStats | None:
@@ -76,8 +77,8 @@ class RankStats:
             step = self.slowest_step(rank)
             share = 100 * step.self_seconds / (_own(stats) or 1.0) if step else 0.0
             lines.append(
-                f"slowest rank: {rank} (its training loop waited "
-                f"{stats.loader_wait_seconds:.2f} s for data); its slowest step: "
+                f"slowest rank: {rank} ({1000 * _per_output(stats):.2f} ms of its steps' "
+                "own time per output); its slowest step: "
                 + ("none ran" if step is None else f"{step.step} ({share:.0f}% of its steps' time)")
             )
         return "\n".join(lines)
@@ -88,6 +89,10 @@ class RankStats:
 
 def _own(stats: PipelineStats) -> float:
     return sum(step.self_seconds for step in stats.steps)
+
+
+def _per_output(stats: PipelineStats) -> float:
+    return _own(stats) / max(stats.delivered, 1)
 
 
 def gather(stats: PipelineStats) -> RankStats:
