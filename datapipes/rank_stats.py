@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from datapipes.stats import PipelineStats, StepStats
+from datapipes.stats import PipelineStats, StepStats, aligned
 
 
 @dataclass
@@ -63,19 +63,16 @@ class RankStats:
                     f"{elapsed:.2f}",
                     f"{stats.loader_wait_seconds:.2f}",
                     f"{100 * stats.loader_wait_seconds / elapsed if elapsed else 0:.0f}%",
-                    f"{_own(stats):.2f}",
+                    f"{stats.own_seconds:.2f}",
                     "-" if slowest is None else slowest.step,
                 )
             )
-        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-        lines = [
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in [header, *rows]
-        ]
+        lines = aligned([header, *rows])
         if self.ranks:
             rank = self.slowest_rank()
             stats = self.ranks[rank]
             step = self.slowest_step(rank)
-            share = 100 * step.self_seconds / (_own(stats) or 1.0) if step else 0.0
+            share = 100 * step.self_seconds / (stats.own_seconds or 1.0) if step else 0.0
             lines.append(
                 f"slowest rank: {rank} ({1000 * _per_output(stats):.2f} ms of its steps' "
                 "own time per output); its slowest step: "
@@ -87,12 +84,8 @@ class RankStats:
         return self.table()
 
 
-def _own(stats: PipelineStats) -> float:
-    return sum(step.self_seconds for step in stats.steps)
-
-
 def _per_output(stats: PipelineStats) -> float:
-    return _own(stats) / max(stats.delivered, 1)
+    return stats.own_seconds / max(stats.delivered, 1)
 
 
 def gather(stats: PipelineStats) -> RankStats:
@@ -105,13 +98,5 @@ def gather(stats: PipelineStats) -> RankStats:
             "is not initialized; in one process, use stats()"
         )
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, stats.as_dict())
-    return RankStats([_from_dict(row) for row in gathered])
-
-
-def _from_dict(data: dict[str, Any]) -> PipelineStats:
-    steps = []
-    for row in data["steps"]:
-        row = {k: v for k, v in row.items() if k not in ("us_per_item", "shares")}
-        steps.append(StepStats(**row))
-    return PipelineStats(**{**data, "steps": steps})
+    dist.all_gather_object(gathered, stats)  # the dataclasses themselves: nothing to rebuild
+    return RankStats(gathered)

@@ -78,6 +78,11 @@ class PipelineStats:
     #: ``{"seconds", "delivered", "waited", "steps": {step: own seconds}}``.
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def own_seconds(self) -> float:
+        """The steps' own time, summed (wall-clock equivalents)."""
+        return sum(step.self_seconds for step in self.steps)
+
     def slowest(self) -> StepStats | None:
         """The step with the most own time (wall-clock equivalent), or ``None`` if none ran."""
         ran = [step for step in self.steps if step.items or step.self_seconds]
@@ -120,7 +125,7 @@ class PipelineStats:
 
     def table(self) -> str:
         """The statistics as a text table, followed by the slowest step and the loader's wait."""
-        total = sum(step.self_seconds for step in self.steps) or 1.0
+        total = self.own_seconds or 1.0
         header = ("step", "where", "items", "self s", "us/item", "wait s", "skipped", "share")
         rows = [
             (
@@ -138,7 +143,7 @@ class PipelineStats:
         if any(_loss_text(step.lost) for step in self.steps):  # only then: the column is wide
             header += ("lost",)
             rows = [(*row, _loss_text(step.lost)) for row, step in zip(rows, self.steps)]
-        lines = _aligned([header, *rows])
+        lines = aligned([header, *rows])
         for step in self.steps:
             if step.dispatch:
                 units = ", ".join(
@@ -200,7 +205,8 @@ def _loss_text(lost: dict[str, int]) -> str:
     return ", ".join(parts) + f", >= {lost['records']:,} records"
 
 
-def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Text table lines: the first column left-aligned, the others right-aligned."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for row in rows:
