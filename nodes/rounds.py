@@ -91,4 +91,9 @@ def plans_of_source(place: str | None, plans: Iterable[str], rounds: bool) -> li
     if not rounds:
         return [p for p in plans if p == place]
     base = split_round(place)[0]
-    return [p for p in plans if split_round(p)[1] is not None and split_round(p)[0] == base]
+    return [p for p in plans if _is_round_of(p, base)]
+
+
+def _is_round_of(place: str, base: str) -> bool:
+    found, round_ = split_round(place)
+    return round_ is not None and found == base

@@ -82,22 +82,13 @@ def check_work_bounds(
     ctx = setup.context(0, 0, epoch, listings=listings, work=DealtWork(epoch, plan))
     root = worker_part(pipe, setup.num_workers).build(ctx)
     try:
-        places = set()
-        rounds = el.sources_in_rounds(root)
-        for node in walk_graph(root):
-            if node.elastic != "source":
-                continue
-            for place in el.plans_of_source(
-                node.place, work, id(node) in rounds
-            ):  # every round of it
-                places.add(place)
-                where = f"{path}[{place!r}]"
-                if work[place]["kind"] != node.elastic_kind:
-                    expected = f"{node.elastic_kind!r} (the kind of the recipe's source there)"
-                    raise InvalidStateError(f"{where}.kind", expected, work[place]["kind"])
-                node.validate_plan(plan[place], f"{where}.pieces")
-        el.check_rounds(root, list(work), path)
-        unknown = set(work) - places
+        dealt, unknown = el.dealt_sources(root, work, path)
+        for node, place in dealt:
+            where = f"{path}[{place!r}]"
+            if work[place]["kind"] != node.elastic_kind:
+                expected = f"{node.elastic_kind!r} (the kind of the recipe's source there)"
+                raise InvalidStateError(f"{where}.kind", expected, work[place]["kind"])
+            node.validate_plan(plan[place], f"{where}.pieces")
         if unknown:
             raise InvalidStateError(path, "the work of this recipe's sources", sorted(unknown))
     finally:

@@ -30,7 +30,6 @@ from datapipes.resume.model import JobSetup, JobState
 from datapipes.resume.remaining import remaining_work, resume_epoch
 from datapipes.resume.schema import rank_path
 from nodes import elastic as el
-from nodes.base import walk_graph
 from nodes.consumer_work import DealtWork
 from nodes.errors import InvalidStateError, StateMismatchError
 
@@ -236,18 +235,9 @@ def validate_plans(
         work = DealtWork(epoch, plan)
         root = part.build(setup.context(rank, worker, epoch, listings=listings, work=work))
         try:
-            places = set()
-            rounds = el.sources_in_rounds(root)
-            for node in walk_graph(root):
-                if node.elastic != "source":
-                    continue
-                for place in el.plans_of_source(
-                    node.place, plan, id(node) in rounds
-                ):  # every round of it
-                    places.add(place)
-                    node.validate_plan(plan[place], f"{path}[{worker}][{place!r}]")
-            el.check_rounds(root, list(plan), f"{path}[{worker}]")
-            unknown = set(plan) - places
+            dealt, unknown = el.dealt_sources(root, plan, f"{path}[{worker}]")
+            for node, place in dealt:
+                node.validate_plan(plan[place], f"{path}[{worker}][{place!r}]")
             if unknown:
                 raise InvalidStateError(
                     f"{path}[{worker}]", "plans of this recipe's sources", sorted(unknown)

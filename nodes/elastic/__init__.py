@@ -41,12 +41,11 @@ A source under a ``repeat`` names its work per round, ``"<place>@<round>"``
 
 from nodes.elastic.conversion import (
     check_graph,
-    check_rounds,
     consumer_work,
+    dealt_sources,
     live_nodes,
     selections_below,
     sources_and_nodes,
-    sources_in_rounds,
 )
 from nodes.elastic.pieces import (
     BATCH,
@@ -85,7 +84,6 @@ from nodes.elastic.work import (
 )
 from nodes.errors import ElasticResumeError, refuse
 from nodes.rounds import (
-    plans_of_source,
     round_place,
     rounds_reached,
     split_round,
@@ -105,11 +103,11 @@ __all__ = [
     "check_graph",
     "check_positions",
     "check_records",
-    "check_rounds",
     "coalesce",
     "consumer_work",
     "count_items",
     "cut",
+    "dealt_sources",
     "deal",
     "expand",
     "has_selection",
@@ -120,7 +118,6 @@ __all__ = [
     "piece_length",
     "plan_starts",
     "position_at",
-    "plans_of_source",
     "positions",
     "refuse",
     "reranged",
@@ -134,6 +131,5 @@ __all__ = [
     "single",
     "split_round",
     "sources_and_nodes",
-    "sources_in_rounds",
     "stream_targets",
 ]

@@ -5,13 +5,14 @@ See :mod:`nodes.elastic`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from nodes.base import walk_graph
 from nodes.elastic.pieces import Work, item_origins
 from nodes.elastic.work import add_work
 from nodes.errors import refuse
-from nodes.rounds import split_round
+from nodes.rounds import plans_of_source, split_round
 
 if TYPE_CHECKING:
     from nodes.base import Node, State
@@ -49,20 +50,25 @@ def _dealt_pieces(source: Node[Any]) -> Iterator[Any]:
                 yield from pieces
 
 
-def sources_in_rounds(root: Node[Any]) -> set[int]:
-    """The ids of the sources under a ``repeat`` (their work is named per round)."""
-    out: set[int] = set()
+def dealt_sources(
+    root: Node[Any], places: Iterable[str], path: str
+) -> tuple[list[tuple[Node[Any], str]], list[str]]:
+    """``(source, place)`` for each of ``places`` (a plan's, or a work's) that names work of
+    a source of ``root``'s graph (any round of it under a ``repeat``), and the places that
+    name none. Refuses (``InvalidStateError`` at ``path``) a round a repeat never reaches."""
+    places = list(places)
+    in_rounds: set[int] = set()
     for node in sources_and_nodes(root):
         if hasattr(node, "rounds_ahead"):
-            out.update(id(n) for n in sources_and_nodes(node) if n.elastic == "source")
-    return out
-
-
-def check_rounds(root: Node[Any], places: list[str], path: str) -> None:
-    """Refuse places of rounds that a ``repeat`` of ``root``'s graph never reaches."""
-    for node in sources_and_nodes(root):
-        if hasattr(node, "validate_rounds"):
             node.validate_rounds(places, path)
+            in_rounds.update(id(n) for n in sources_and_nodes(node) if n.elastic == "source")
+    found, named = [], set()
+    for node in walk_graph(root):
+        if node.elastic == "source":
+            for place in plans_of_source(node.place, places, id(node) in in_rounds):
+                found.append((node, place))
+                named.add(place)
+    return found, [place for place in places if place not in named]
 
 
 _NO_HOOK = (
