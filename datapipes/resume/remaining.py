@@ -176,10 +176,15 @@ def remaining_work(
     started = replay is not None and replay.started
     first = _ranks_work(pipe, state, epoch, listings, {}, replay, {})
     reached = el.rounds_reached(place for work in first[1] for place in work)
-    # Consumers stand in different rounds of a repeat: each one's shares of the rounds up to
-    # the furthest any reached are work too (asked again, now that it is known; a repeat of
-    # a set number of times has given all its rounds already).
-    again = _ranks_work(pipe, state, epoch, listings, drops, replay, reached) if reached else None
+    # Consumers stand in different rounds of an endless repeat: each one's shares of the
+    # rounds up to the furthest any reached are work too, asked again now that it is known
+    # (a repeat of a set number of times has given all its rounds already).
+    lagging = any(
+        round_ < reached[base]
+        for work in first[1]
+        for base, round_ in el.rounds_reached(work).items()
+    )
+    again = _ranks_work(pipe, state, epoch, listings, drops, replay, reached) if lagging else None
     if again is None and drops is not None:
         for step, count in first[2].items():
             drops[step] = drops.get(step, 0) + count
