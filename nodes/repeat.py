@@ -84,11 +84,12 @@ class RepeatNode(Node):
             for item in self._src:
                 self._yielded = True
                 return item
-            last = self._times is not None and self._next_round() >= self._times
+            following = self._next_round()
+            last = self._times is not None and following >= self._times
             if last or not (self._yielded or self._planned()):
                 self._done = True
                 break
-            self._enter(self._next_round())
+            self._enter(following)
             self._yielded = False
             self._up.reset(None)
             self._src = iter(self._up)

@@ -12,7 +12,7 @@ from nodes.base import walk_graph
 from nodes.elastic.pieces import Work, item_origins
 from nodes.elastic.work import add_work
 from nodes.errors import refuse
-from nodes.rounds import plans_of_source, split_round
+from nodes.rounds import plans_of_source, round_place, split_round
 
 if TYPE_CHECKING:
     from nodes.base import Node, State
@@ -41,13 +41,11 @@ def selections_below(node: Node[Any]) -> bool:
 def _dealt_pieces(source: Node[Any]) -> Iterator[Any]:
     """The pieces a source was dealt: its plan, and under a ``repeat`` every round's."""
     yield from getattr(source, "_plan", None) or ()
-    work = getattr(getattr(source, "_ctx", None), "work", None)
-    plans = getattr(work, "plans", None)  # a resumed epoch's dealt work (nodes.DealtWork)
+    ctx = getattr(source, "_ctx", None)
     base, round_ = split_round(source.place or "")
-    if plans and round_ is not None:
-        for place, pieces in plans.items():
-            if split_round(place)[0] == base:
-                yield from pieces
+    if ctx is not None and round_ is not None:
+        for other in ctx.rounds_planned(base):  # the dealt work's rounds, through the Context
+            yield from ctx.plan_for(round_place(base, other)) or ()
 
 
 def dealt_sources(
