@@ -145,3 +145,16 @@ class SeededDraws(Node):
 
     def state_dict(self) -> dict[str, Any]:
         return {"up": self.upstream.state_dict(), "draws": self.stream.position()}
+
+
+def run_gloo_ranks(target: Any, world: int, folder: Any, timeout: float = 180) -> None:
+    """Run ``target(rank, store_url, folder)`` in ``world`` spawned processes (each starts
+    a gloo group through the file store in ``folder``); every one must exit 0 in time."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    store = f"file://{folder}/store"
+    procs = [ctx.Process(target=target, args=(r, store, str(folder))) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout)
+        assert proc.exitcode == 0, f"rank {procs.index(proc)} exited with {proc.exitcode}"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import run_gloo_ranks
 
 import datapipes as dp
 from datapipes.rank_stats import RankStats
@@ -73,14 +74,7 @@ def _rank(rank: int, store: str, out: str) -> None:
 
 @pytest.mark.slow  # three processes
 def test_a_three_rank_job_names_the_slowed_rank_and_its_step(tmp_path):
-    ctx = torch.multiprocessing.get_context("spawn")
-    store = f"file://{tmp_path / 'store'}"
-    procs = [ctx.Process(target=_rank, args=(r, store, str(tmp_path))) for r in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-        assert p.exitcode == 0
+    run_gloo_ranks(_rank, 3, tmp_path, timeout=180)
     views = [json.loads(Path(tmp_path, f"{r}.json").read_text()) for r in range(3)]
     assert all(v["slowest"] == 1 for v in views), views[0]["table"]
     assert all(v["step"] == "map(slow_on_rank_one)" for v in views)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import run_gloo_ranks
 from test_distributed import TEARDOWN_ABORT
 
 import datapipes as dp
@@ -120,14 +121,7 @@ def _gather_rank(rank: int, store: str, out: str) -> None:
 
 @pytest.mark.slow  # two processes
 def test_under_two_ranks_each_rank_saves_every_ranks_state(tmp_path):
-    ctx = torch.multiprocessing.get_context("spawn")
-    store = f"file://{tmp_path / 'store'}"
-    procs = [ctx.Process(target=_gather_rank, args=(r, store, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    run_gloo_ranks(_gather_rank, 2, tmp_path, timeout=120)
     states = [json.loads(Path(tmp_path, f"{r}.json").read_text()) for r in range(2)]
     assert states[0] == states[1]  # rank 0's file alone resumes both ranks
     pipe = dp.range(40).shuffle().batch(2)
@@ -175,13 +169,13 @@ def uninterrupted(devices: int, workers: int) -> list[list[list[float]]]:
     """Each rank's batches over the job's epochs, from the Loader itself (no trainer)."""
     sys.path.insert(0, str(JOBS))
     try:
-        import lightning_job as job
+        import common as job
     finally:
         sys.path.remove(str(JOBS))
-    pipe = dp.range(job.ITEMS).shuffle().map(job.numbered).batch(job.BATCH)
+    pipe = job.recipe()
     out = []
     for rank in range(devices):
-        loader = dp.Loader(pipe, seed=3, rank=rank, world_size=devices, num_workers=workers)
+        loader = dp.Loader(pipe, seed=job.SEED, rank=rank, world_size=devices, num_workers=workers)
         out.append([b.flatten().tolist() for _ in range(job.EPOCHS) for b in loader])
         loader.close()
     return out

@@ -7,35 +7,19 @@ python accelerate_job.py OUT_DIR --workers 0|2 [--stop STEP] [--resume STATE_DIR
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from common import EPOCHS, SEED, arguments, recipe, write_seen
 
 import datapipes as dp
 
-ITEMS, BATCH, EPOCHS = 48, 4, 2
-
-
-def numbered(x: int) -> torch.Tensor:
-    return torch.tensor([float(x)])
-
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--stop", type=int)
-    parser.add_argument("--resume")
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, out = arguments()
     accelerator = Accelerator(cpu=True)  # starts the process group under torchrun
-    pipe = dp.range(ITEMS).shuffle().map(numbered).batch(BATCH)
-    data = dp.TrainerLoader(dp.Loader(pipe, seed=3, num_workers=args.workers))
+    data = dp.TrainerLoader(dp.Loader(recipe(), seed=SEED, num_workers=args.workers))
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer, data = accelerator.prepare(model, optimizer, data)  # data: unchanged
@@ -58,7 +42,7 @@ def main() -> None:
         if step == args.stop:
             break
     rank = accelerator.process_index
-    (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    write_seen(out, rank, seen)
     data.close()
     accelerator.end_training()
     if torch.distributed.is_initialized():  # gloo's threads left at exit can abort it

@@ -7,19 +7,15 @@ python hf_job.py OUT_DIR --workers 0|2 [--stop STEP] [--resume CHECKPOINT_DIR]
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 import torch
+from common import BATCH, EPOCHS, ITEMS, SEED, arguments, recipe, write_seen
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import datapipes as dp
 from datapipes.hf_trainer import use_in_hf_trainer
-
-ITEMS, BATCH, EPOCHS = 48, 4, 2
 
 
 def record(x: int) -> dict[str, torch.Tensor]:
@@ -50,13 +46,7 @@ class StopAfterSave(TrainerCallback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--stop", type=int)
-    parser.add_argument("--resume")
-    args = parser.parse_args()
-    out = Path(args.out)
+    args, out = arguments()
     training = TrainingArguments(
         output_dir=str(out),
         # the Loader has no length: steps, each rank a batch a step, a pass an epoch
@@ -73,11 +63,10 @@ def main() -> None:
     model = Tiny()
     callbacks = [] if args.stop is None else [StopAfterSave(args.stop)]
     trainer = Trainer(model=model, args=training, callbacks=callbacks)
-    pipe = dp.range(ITEMS).shuffle().map(record).batch(BATCH)
-    data = dp.TrainerLoader(dp.Loader(pipe, seed=3, num_workers=args.workers))
+    data = dp.TrainerLoader(dp.Loader(recipe(record), seed=SEED, num_workers=args.workers))
     use_in_hf_trainer(trainer, data)
     trainer.train(resume_from_checkpoint=args.resume)
-    (out / f"rank{trainer.args.process_index}.json").write_text(json.dumps(model.seen))
+    write_seen(out, trainer.args.process_index, model.seen)
     data.close()
     if torch.distributed.is_initialized():  # gloo's threads left at exit can abort it
         torch.distributed.destroy_process_group()

@@ -6,21 +6,13 @@ python lightning_job.py OUT_DIR --devices 1|2 --workers 0|2 [--stop STEP] [--res
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 
 import lightning as L
 import torch
+from common import EPOCHS, SEED, arguments, recipe, write_seen
 
 import datapipes as dp
-
-ITEMS, BATCH, EPOCHS = 48, 4, 2
-
-
-def numbered(x: int) -> torch.Tensor:
-    return torch.tensor([float(x)])
 
 
 class Tiny(L.LightningModule):
@@ -31,8 +23,7 @@ class Tiny(L.LightningModule):
         self.seen: list[list[float]] = []
 
     def train_dataloader(self):  # made here: after the process group started
-        pipe = dp.range(ITEMS).shuffle().map(numbered).batch(BATCH)
-        loader = dp.Loader(pipe, seed=3, num_workers=self.workers)
+        loader = dp.Loader(recipe(), seed=SEED, num_workers=self.workers)
         return dp.TrainerLoader(loader, fetched_ahead=1)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
@@ -56,15 +47,7 @@ class StopAt(L.Callback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--stop", type=int)
-    parser.add_argument("--resume")
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, out = arguments(devices=True)
     callbacks = [] if args.stop is None else [StopAt(args.stop, str(out / "stop.ckpt"))]
     trainer = L.Trainer(
         accelerator="cpu",
@@ -80,7 +63,7 @@ def main() -> None:
     )
     model = Tiny(args.workers)
     trainer.fit(model, ckpt_path=args.resume)
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(model.seen))
+    write_seen(out, trainer.global_rank, model.seen)
 
 
 if __name__ == "__main__":
