@@ -451,6 +451,62 @@ def test_a_repeat_resumes_elsewhere_with_every_round_once(tmp_path):
     assert Counter(taken + taken2 + rest) == Counter({i: 3 for i in range(30)})
 
 
+def rewritten_plans(state: dict[str, Any], change: Any) -> dict[str, Any]:
+    """``state`` (taken after an elastic resume) with rank 0's plans changed by ``change``
+    (a function of the consumers' plans), its digest made again: a hostile edit."""
+    from datapipes.resume.schema import node_digest
+
+    entry = state["ranks"]["0"]
+    plans = json.loads(entry["plans"]["text"])
+    plans["consumers"] = [change(plan) for plan in plans["consumers"]]
+    text = json.dumps(plans, separators=(",", ":"))
+    entry["plans"] = {"text": text, "digest": node_digest(text)}
+    return state
+
+
+def state_after_an_elastic_resume(pipe: Any, read: int = 1) -> dict[str, Any]:
+    """Rank 0's state of 3 ranks, ``read`` items after a resume from 2 ranks' checkpoint."""
+    taken, merged = stop_at(loaders(pipe, 2), [3, 5])
+    elsewhere = dp.Loader(pipe, seed=5, rank=0, world_size=3)
+    elsewhere.load_state_dict(merged)
+    it = iter(elsewhere)
+    for _ in range(read):
+        next(it)
+    state = elsewhere.state_dict()
+    elsewhere.close()
+    return state
+
+
+def moved(plan: dict[str, Any], to: str) -> dict[str, Any]:
+    """Every round of the plan's places renamed to round ``to`` (or to no round: ``""``)."""
+    return {el.split_round(place)[0] + to: pieces for place, pieces in plan.items()}
+
+
+@pytest.mark.parametrize(
+    ("times", "to", "says"),
+    [(3, "@3", "a round below 3"), (3, "", "sources"), (3, "@x", "sources")],
+    ids=["round past times", "no round for a repeated source", "not a round"],
+)
+def test_a_hostile_round_in_saved_plans_is_refused(times, to, says):
+    pipe = dp.range(40).shuffle().repeat(times)
+    state = rewritten_plans(state_after_an_elastic_resume(pipe), lambda p: moved(p, to))
+    with pytest.raises(dp.InvalidStateError, match=says):
+        dp.Loader(pipe, seed=5, rank=0, world_size=3).load_state_dict(state)
+
+
+def test_a_far_round_of_an_endless_repeat_is_reached_at_once():
+    """A plan naming round 10**12 of an endless repeat: read from there (no spin through
+    the rounds between)."""
+    pipe = dp.range(12).repeat()
+    state = rewritten_plans(
+        state_after_an_elastic_resume(pipe, read=0), lambda p: moved(p, "@1000000000000")
+    )
+    loader = dp.Loader(pipe, seed=5, rank=0, world_size=3)
+    loader.load_state_dict(state)
+    got = list(islice(iter(loader), 20))  # spinning through the rounds would time out here
+    assert len(got) == 20 and all(0 <= x < 12 for x in got)
+
+
 def get_id(record: dict[str, Any]) -> int:
     return record["id"]
 
