@@ -251,17 +251,20 @@ class FluentSteps(Generic[T]):
         sample and counts it; a missing library (Pillow, soundfile) raises
         ``ImportError`` naming it, also under ``"skip"``.
 
-        JPEGs decode through ``image_backend``: ``"auto"`` (simplejpeg when
-        installed, ``pip install 'datapipes-torch[jpeg]'``, else Pillow),
-        ``"pillow"`` or ``"simplejpeg"``; the pixels are Pillow's either way
-        (files simplejpeg would decode differently, CMYK ones for example, go
-        to Pillow). ``image_size=(h, w)`` (or an int for both) decodes JPEGs
+        JPEGs decode through ``image_backend``: ``"auto"`` (nvImageCodec's
+        region decoder with simplejpeg when installed, ``pip install
+        'datapipes-torch[jpeg-region]'``, else simplejpeg when installed,
+        ``pip install 'datapipes-torch[jpeg]'``, else Pillow), ``"pillow"``,
+        ``"simplejpeg"`` or ``"nvimgcodec"``; the pixels are Pillow's either
+        way (files simplejpeg would decode differently, CMYK ones for
+        example, go to Pillow). ``image_size=(h, w)`` (or an int for both) decodes JPEGs
         at the smallest DCT scale (1/8, 2/8, 3/8 with simplejpeg, 4/8 of each
         side, or full) that keeps them at least that big: faster when a later
         step resizes anyway, and the pixels then differ from a full-size
         decode's.
         A :meth:`random_resized_crop` right after ``decode()`` picks the scale
-        per image from its crop box instead.
+        per image from its crop box instead, and with the region decoder
+        decodes only the box (full scale) where that does less work.
 
         >>> import datapipes as dp
         >>> sample = {"__key__": "a", "cls": b"3", "json": b'{"x": 1}'}

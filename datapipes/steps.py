@@ -28,7 +28,7 @@ from nodes.batched_fetch import FetchBatchNode, fetching_source
 from nodes.decode import DecodeNode, SampleDecoder, default_decoders, image_size_hint
 from nodes.device import PinMemoryNode, ToDeviceNode
 from nodes.errors import ErrorPolicy, check_on_error
-from nodes.jpeg import import_simplejpeg
+from nodes.jpeg import check_nvimgcodec, import_simplejpeg
 from nodes.parallel_map import ParallelMapNode, check_parallel_map
 from nodes.shard import ShardNode, WholeDataContext
 
@@ -297,6 +297,8 @@ class Decode(DataPipe[Any]):
         default_decoders(image, image_mode, image_backend, image_size)
         if image_backend == "simplejpeg":
             import_simplejpeg()  # missing: an ImportError naming the extra, here
+        elif image_backend == "nvimgcodec":
+            check_nvimgcodec()
         kwargs: dict[str, Any] = {}
         if image != "chw":
             kwargs["image"] = image

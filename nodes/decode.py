@@ -20,6 +20,7 @@ from nodes.intra_op import one_thread
 from nodes.jpeg import (
     PILLOW_SCALES,
     PillowJpeg,
+    RegionJpeg,
     SimpleJpeg,
     check_backend,
     dct_scale,
@@ -121,9 +122,9 @@ class ImageDecoder:
         self.layout, self.mode = layout, mode
         self.backend = check_backend(backend)
         self.size = image_size_hint(size)
-        self._jpeg: PillowJpeg | SimpleJpeg | None = None
+        self._jpeg: PillowJpeg | SimpleJpeg | RegionJpeg | None = None
 
-    def jpeg(self) -> PillowJpeg | SimpleJpeg:
+    def jpeg(self) -> PillowJpeg | SimpleJpeg | RegionJpeg:
         """The JPEG backend (made on first use)."""
         if self._jpeg is None:
             self._jpeg = jpeg_backend(self.backend)

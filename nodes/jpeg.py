@@ -1,4 +1,5 @@
-"""JPEG decoder backends: Pillow, or simplejpeg (libjpeg-turbo) when installed.
+"""JPEG decoder backends: Pillow, simplejpeg (libjpeg-turbo) when installed, and
+nvImageCodec's CPU decoder for regions (:class:`RegionJpeg`) when installed too.
 
 Both decode through libjpeg-turbo with the same settings (accurate integer
 IDCT, fancy upsampling), so a full-scale decode gives the same pixels; the
@@ -12,16 +13,27 @@ the size (each side rounded up). Only 1/8, 2/8, 3/8, 4/8 and 8/8 are used:
 measured on 500x375 q90 photos, 5/8 to 7/8 decode slower than full size
 (their IDCTs are not the fast ones), and Pillow's ``draft`` knows only
 powers of two.
+
+A *region* decode (:class:`RegionJpeg`, ``pip install 'datapipes-torch[jpeg-region]'``)
+decodes only the rows and columns of a box, at full scale, through
+nvImageCodec's CPU backend (libjpeg-turbo's cropped and skipped scanlines,
+the GIL released): the rows below the box are never read, the rows above are
+entropy-decoded only. Its pixels are Pillow's full decode cut to the box,
+exactly (tested), for the same files simplejpeg decodes exactly; every other
+file, and every file it refuses, is decoded whole by simplejpeg or Pillow and
+cut, so the pixels, or the error, are theirs.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import threading
 from typing import Any
 
 import numpy as np
 
-BACKENDS = ("auto", "pillow", "simplejpeg")
+BACKENDS = ("auto", "pillow", "simplejpeg", "nvimgcodec")
 #: The DCT scales (in eighths) a reduced decode may use, smallest first.
 SCALES = (1, 2, 3, 4, 8)
 PILLOW_SCALES = (1, 2, 4, 8)
@@ -89,6 +101,7 @@ class PillowJpeg:
 
     name = "pillow"
     scales = PILLOW_SCALES
+    region = False  # no decode_region: a crop is decoded whole (or scaled) and cut
 
     def size(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:
         """``(height, width)`` from the header alone."""
@@ -128,6 +141,7 @@ class SimpleJpeg:
 
     name = "simplejpeg"
     scales = SCALES
+    region = False
 
     def __init__(self) -> None:
         self._sj = import_simplejpeg()
@@ -196,6 +210,133 @@ def import_simplejpeg() -> Any:
     return simplejpeg
 
 
+class RegionJpeg(SimpleJpeg):
+    """simplejpeg, plus regions through nvImageCodec's CPU decoder (:meth:`decode_region`).
+
+    The nvImageCodec decoder is made per thread and per process (a pool's
+    threads and forked workers each make their own), CPU only: no CUDA needed.
+    """
+
+    name = "nvimgcodec"
+    region = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._nv = import_nvimgcodec()
+        self._local = threading.local()
+
+    def decode_region(
+        self, data: bytes | bytearray | memoryview, mode: str | None, box: tuple[int, int, int, int]
+    ) -> np.ndarray:
+        """The ``(h, w, C)`` uint8 pixels of ``box`` (top, left, height, width; full-scale
+        pixels): Pillow's full decode cut to the box. Files outside the exact set, and files
+        nvImageCodec refuses, are decoded whole (simplejpeg or Pillow) and cut."""
+        top, left, h, w = box
+        if mode == "RGB":
+            array = self._region(data, top, left, h, w)
+            if array is not None:
+                return array
+        whole, _ = self.decode(data, mode, 8)  # Pillow's pixels, or Pillow's error
+        return whole[top : top + h, left : left + w]
+
+    def _region(
+        self, data: bytes | bytearray | memoryview, top: int, left: int, h: int, w: int
+    ) -> np.ndarray | None:
+        try:
+            height, width, layout, subsampling = self._sj.decode_jpeg_header(data)
+        except ValueError:
+            return None
+        if (layout, subsampling, "RGB") not in _SIMPLEJPEG_EXACT or _bomb(height, width):
+            return None
+        if not (0 <= top and 0 <= left and 0 < h and 0 < w):
+            return None
+        if top + h > height or left + w > width:
+            return None
+        nv = self._nv
+        try:
+            stream = nv.CodeStream(data).get_sub_code_stream(
+                region=nv.Region(top, left, top + h, left + w)
+            )
+            image = self._decoder().decode(stream)
+        except RuntimeError:  # a header it cannot read
+            return None
+        if image is None:  # truncated or damaged: the whole decode decides, and says why
+            return None
+        array = np.asarray(image.cpu())
+        return array if array.shape == (h, w, 3) and array.dtype == np.uint8 else None
+
+    def _decoder(self) -> Any:
+        local, pid = self._local, os.getpid()
+        if getattr(local, "pid", None) != pid:  # a new thread, or a forked worker
+            nv = self._nv
+            local.decoder = nv.Decoder(
+                device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
+                backends=[nv.Backend(nv.CPU_ONLY)],
+                max_num_cpu_threads=1,
+            )
+            local.pid = pid
+        return local.decoder
+
+
+#: Lines nvImageCodec prints at import about its GPU codecs' libraries (nvJPEG, nvJPEG2000,
+#: nvTIFF) when they are not installed: expected on a CPU machine, so not shown.
+_NV_IMPORT_NOISE = ("nvjpeg", "nvtiff", "note: if using nvimagecodec")
+
+
+_NO_NVIMGCODEC = (
+    "image_backend='nvimgcodec' (region decode for random crops) needs nvImageCodec: "
+    "pip install 'datapipes-torch[jpeg-region]' (or nvidia-nvimgcodec-cu12 and simplejpeg), "
+    "or use image_backend='auto' (it decodes whole images without it)"
+)
+
+
+def check_nvimgcodec() -> None:
+    """An ImportError naming the extra unless nvImageCodec and simplejpeg are installed
+    (found, not imported: a recipe names its backend without loading it)."""
+    import importlib.util
+
+    import_simplejpeg()
+    try:
+        found = importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    except (ImportError, ValueError):  # no "nvidia" package, or one marked absent
+        found = False
+    if not found:
+        raise ImportError(_NO_NVIMGCODEC)
+
+
+def import_nvimgcodec() -> Any:
+    """``nvidia.nvimgcodec`` (ImportError naming the extra without it; simplejpeg too, which
+    decodes what is not a region). Its complaints about absent GPU codec libraries, printed
+    while it imports, are left out; anything else it prints is shown."""
+    import_simplejpeg()
+    import sys
+
+    loaded = sys.modules.get("nvidia.nvimgcodec")
+    if loaded is not None:
+        return loaded
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            try:
+                import nvidia.nvimgcodec as nv
+            except ImportError as error:
+                raise ImportError(_NO_NVIMGCODEC) from error
+            finally:
+                os.dup2(saved, 2)
+                captured.seek(0)
+                said = captured.read().decode("utf-8", "replace").splitlines()
+    finally:
+        os.close(saved)
+    kept = [line for line in said if not any(n in line.lower() for n in _NV_IMPORT_NOISE)]
+    if kept:
+        print("\n".join(kept), file=sys.stderr)
+    return nv
+
+
 def check_backend(name: str) -> str:
     """``name`` if it is a backend name (ValueError otherwise); a missing library is not
     checked here, so recipes stay buildable where they are only described."""
@@ -204,14 +345,19 @@ def check_backend(name: str) -> str:
     return name
 
 
-def jpeg_backend(name: str = "auto") -> PillowJpeg | SimpleJpeg:
-    """The backend called ``name``: ``"auto"`` is simplejpeg when importable, else Pillow."""
+def jpeg_backend(name: str = "auto") -> PillowJpeg | SimpleJpeg | RegionJpeg:
+    """The backend called ``name``: ``"auto"`` is nvImageCodec's region decoder with
+    simplejpeg when both import, else simplejpeg when it imports, else Pillow."""
     check_backend(name)
     if name == "pillow":
         return PillowJpeg()
     if name == "simplejpeg":
         return SimpleJpeg()
-    try:
-        return SimpleJpeg()
-    except ImportError:
-        return PillowJpeg()
+    if name == "nvimgcodec":
+        return RegionJpeg()
+    for backend in (RegionJpeg, SimpleJpeg):
+        try:
+            return backend()
+        except ImportError:
+            continue
+    return PillowJpeg()

@@ -19,6 +19,13 @@ reduced scale the box's edges fall between pixels, so Pillow's resize, which
 takes a fractional box, cuts it (:func:`resize_scaled_box`): the same part of
 the scene from a lower-resolution source, a mean difference of 2-4 (of 255)
 from the full-scale crop on noisy photos.
+
+With a region decoder (:class:`nodes.jpeg.RegionJpeg`), each JPEG is either
+decoded only within its box, at full scale (the unfused path's pixels
+exactly), or whole at the reduced scale, whichever does less work for that
+box (:func:`region_pays`). The choice depends on the image's size and the box
+alone, so a seeded crop gives the same pixels at any number of workers and
+after a resume.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from nodes.decode import (
     image_tensor,
 )
 from nodes.intra_op import one_thread
-from nodes.jpeg import PillowJpeg, SimpleJpeg, is_jpeg
+from nodes.jpeg import PillowJpeg, RegionJpeg, SimpleJpeg, is_jpeg
 
 Box = tuple[int, int, int, int]  # top, left, height, width (full-resolution pixels)
 
@@ -282,7 +289,7 @@ class FusedDecodeCrop:
                     height, width = whole.shape[1:]
                 box, flip = box_for(field, height, width)
                 if whole is None:
-                    out[field] = self._decode_crop(images, value, box, flip)
+                    out[field] = self._decode_crop(images, value, box, flip, (height, width))
                 else:
                     out[field] = crop_resize(whole, box, size, flip)
             except (ImportError, MixedSizesError):
@@ -291,21 +298,27 @@ class FusedDecodeCrop:
                 return self.decoder.bad_field(sample, field, cause)
         return out
 
-    def _decode_crop(self, images: ImageDecoder, data: Any, box: Box, flip: bool) -> torch.Tensor:
-        return decode_jpeg_crop(images.jpeg(), images.mode, data, box, self.params.size, flip)
+    def _decode_crop(
+        self, images: ImageDecoder, data: Any, box: Box, flip: bool, shape: tuple[int, int]
+    ) -> torch.Tensor:
+        jpeg, size = images.jpeg(), self.params.size
+        return decode_jpeg_crop(jpeg, images.mode, data, box, size, flip, shape)
 
 
 def decode_jpeg_crop(
-    jpeg: PillowJpeg | SimpleJpeg,
+    jpeg: PillowJpeg | SimpleJpeg | RegionJpeg,
     mode: str | None,
     data: bytes | bytearray | memoryview,
     box: Box,
     size: int,
     flip: bool,
+    shape: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """One JPEG's ``box`` (full-resolution pixels) resized to ``size x size``, flipped:
-    decoded at the smallest DCT scale that keeps the box at least ``size`` pixels, as the
-    fused step does it (public so a benchmark can time exactly the library's work).
+    decoded at the smallest DCT scale that keeps the box at least ``size`` pixels, or, with
+    a region decoder, only within the box when that does less work (:func:`region_pays`),
+    as the fused step does it (public so a benchmark can time exactly the library's work).
+    ``shape`` is the image's ``(height, width)`` when known (read from the header if not).
 
     >>> import numpy as np, io
     >>> from PIL import Image
@@ -317,10 +330,35 @@ def decode_jpeg_crop(
     """
     top, left, h, w = box
     eighths = box_scale(h, w, size, jpeg.scales)
+    if jpeg.region:
+        height, width = jpeg.size(data) if shape is None else shape
+        if region_pays(height, width, box, eighths):
+            array = jpeg.decode_region(data, mode, box)  # type: ignore[union-attr]
+            return resize(torch.from_numpy(array).permute(2, 0, 1), size, flip)
     array, eighths = jpeg.decode(data, mode, eighths)
     if eighths == 8:
         return crop_resize(image_tensor(array, "hwc").permute(2, 0, 1), box, size, flip)
     return resize_scaled_box(array, box, eighths / 8, size, flip)
+
+
+def region_pays(height: int, width: int, box: Box, eighths: int) -> bool:
+    """Whether decoding only ``box`` at full scale does less work than decoding the whole
+    ``height x width`` image at ``eighths``/8, in pixels touched: the entropy decoding runs
+    over every row down to the last one decoded either way; the region decode then
+    transforms the box's rows (full width: libjpeg-turbo skips few columns, measured) and
+    resizes the box, the scaled decode transforms the whole image and resizes the box, both
+    at the scale.
+
+    >>> region_pays(375, 500, (0, 0, 300, 300), 8)  # full scale anyway: the region is less
+    True
+    >>> region_pays(3000, 4000, (1000, 0, 2000, 2000), 1)  # 1/8 scale of a large photo
+    False
+    """
+    top, _, h, w = box
+    area = (eighths / 8) ** 2
+    region = (top + h) * width + h * width + h * w
+    scaled = height * width + area * (height * width + h * w)
+    return region <= scaled  # at full scale the region is never more
 
 
 def box_scale(height: int, width: int, size: int, scales: Sequence[int]) -> int:
