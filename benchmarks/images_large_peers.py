@@ -13,7 +13,10 @@ differ; ``setting`` is the number of worker processes or threads:
 * ``webdataset``: ``WebDataset(urls, shardshuffle=...).decode("pil")`` + the crop,
   ``.batched()``, in ``DataLoader``;
 * ``spdl``: SPDL's thread pipeline, its tar parser (``spdl.io.iter_tarfile``) and its
-  image decode (``spdl.io.load_image``, FFmpeg) + the crop, ``setting`` threads;
+  image decode (``spdl.io.load_image``, FFmpeg) + the crop, ``setting`` threads. SPDL
+  loads FFmpeg's shared libraries (4 to 9) at run time; :func:`spdl_unavailable` tries
+  one decode first and says why it cannot run, so its rows are skipped with that reason
+  once, not failed item by item (a traceback logged per sample);
 * ``grain``: a random-access source over the tar members (indexed in the pass),
   ``MapDataset.shuffle().map()`` (Pillow + the crop), ``to_iter_dataset`` with
   ``setting`` threads; ``grain_processes``: the same with ``mp_prefetch`` workers;
@@ -136,7 +139,51 @@ def spdl_example(sample: dict[str, Any]) -> Example:
     return resized_crop(pixels, crop), int(bytes(sample["cls"])), key
 
 
+SPDL_HOW = (
+    "pip install spdl==0.8.0 and FFmpeg's shared libraries, e.g. apt-get install ffmpeg "
+    "(docs/benchmarks.md)"
+)
+_SPDL_PROBED: list[str | None] = []
+
+
+def spdl_unavailable() -> str | None:
+    """Why SPDL cannot run here (not installed, or FFmpeg's libraries missing), or None:
+    one small JPEG decoded once per process, its logging silenced while it tries."""
+    if _SPDL_PROBED:
+        return _SPDL_PROBED[0]
+    import io
+    import logging
+
+    from PIL import Image
+
+    reason = None
+    quiet = logging.getLogger("spdl")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        import spdl.io
+        from spdl.pipeline import PipelineBuilder  # noqa: F401
+
+        out = io.BytesIO()
+        Image.new("RGB", (16, 16), (200, 30, 30)).save(out, format="JPEG")
+        pixels = spdl.io.to_numpy(spdl.io.load_image(out.getvalue()))
+        if pixels.shape != (16, 16, 3):
+            reason = f"SPDL decoded a 16x16 JPEG to {pixels.shape}"
+    except ImportError as error:
+        reason = f"{getattr(error, 'name', None) or 'spdl'} not installed ({SPDL_HOW})"
+    except Exception as error:  # FFmpeg missing: SPDL raises when it first needs it
+        first = (str(error).strip().splitlines() or [""])[0][:120]
+        reason = f"SPDL cannot decode: {type(error).__name__}: {first} ({SPDL_HOW})"
+    finally:
+        quiet.setLevel(level)
+    _SPDL_PROBED.append(reason)
+    return reason
+
+
 def spdl_pipeline(paths: list[str], threads: int, batch: int) -> Iterator[Batch]:
+    reason = spdl_unavailable()
+    if reason is not None:
+        raise RuntimeError(reason)
     from spdl.pipeline import PipelineBuilder
 
     pipeline = (
@@ -146,7 +193,7 @@ def spdl_pipeline(paths: list[str], threads: int, batch: int) -> Iterator[Batch]
         .aggregate(batch)
         .pipe(collate)
         .add_sink(3)
-        .build(num_threads=threads)
+        .build(num_threads=threads, max_failures=0)  # the first failure ends the pass
     )
 
     def run() -> Iterator[Batch]:
