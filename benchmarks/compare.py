@@ -309,6 +309,12 @@ def skip_all(rows: list[Row], reason: str | None) -> list[Row]:
 # ----- the workloads ---------------------------------------------------------------------
 #: datapipes with per-step statistics on: what keeping them costs (not held to the goals).
 STATS_ROW = "datapipes, Loader(stats=True)"
+#: datapipes inside Loader.trace(): held to costing at most TRACE_COST of their baseline.
+TRACE_ROWS = {
+    "datapipes (0 workers), Loader.trace()": "datapipes (0 workers)",
+    f"datapipes ({WORKERS} workers), Loader.trace()": f"datapipes ({WORKERS} workers)",
+}
+TRACE_COST = 0.05
 
 
 def overhead_rows(sizes: Sizes, workdir: Path) -> tuple[list[Row], int]:
@@ -368,6 +374,11 @@ def jsonl_rows(sizes: Sizes, workdir: Path) -> tuple[list[Row], int]:
             pooled,
         ),
     ]
+    traced = (
+        partial(jsonl_pipeline.datapipes_loader, trace=True),
+        partial(workers_pipeline.datapipes_loader, workers=WORKERS, trace=True),
+    )
+    contenders += [(name, make, TRACE_ROWS[name]) for name, make in zip(TRACE_ROWS, traced)]
     rows = [
         Row(
             "jsonl",
@@ -744,6 +755,15 @@ def goals(results: dict[str, tuple[list[Row], int]]) -> list[str]:
             continue
         by_name = {row.name: row for row in rows}
         for row in rows:
+            if row.name in TRACE_ROWS:
+                ratio = ratio_of(row, by_name)
+                ok = ratio is not None and ratio >= 1.0 - TRACE_COST
+                lines.append(
+                    f"- {verdict(None if ratio is None else ok)} a trace costs at most "
+                    f"{TRACE_COST:.0%}: {workload}, {row.name}: "
+                    f"{'n/a' if ratio is None else f'{ratio:.2f}x'} of {row.baseline}"
+                )
+                continue
             if row.name.startswith("datapipes") and row.baseline and row.name != STATS_ROW:
                 ratio = ratio_of(row, by_name)
                 ours.append(f"{workload} {row.name} {'n/a' if ratio is None else f'{ratio:.2f}x'}")

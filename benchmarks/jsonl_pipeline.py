@@ -235,9 +235,23 @@ def hf_datasets(paths: list[str], pattern: str) -> Iterator[Batch]:
     return batches(ds)
 
 
-def datapipes_loader(paths: list[str], pattern: str, stats: bool = False) -> Iterator[Batch]:
+def datapipes_loader(
+    paths: list[str], pattern: str, stats: bool = False, trace: bool = False
+) -> Iterator[Batch]:
     pipe = dp.files(pattern).read_jsonl().map(features).shuffle(BUFFER)
-    return iter(dp.Loader(pipe.batch(BATCH, collate_fn=collate), seed=0, stats=stats))
+    loader = dp.Loader(pipe.batch(BATCH, collate_fn=collate), seed=0, stats=stats)
+    return traced(loader) if trace else iter(loader)
+
+
+def traced(loader: dp.Loader) -> Iterator[Batch]:
+    """One epoch of ``loader`` inside ``loader.trace()``, the trace's file written (and
+    removed) within the pass: what a trace costs, all of it."""
+    folder = tempfile.mkdtemp(prefix="dp-trace-")
+    try:
+        with loader.trace(os.path.join(folder, "trace.json")):
+            yield from loader
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def hf_available() -> bool:

@@ -53,6 +53,7 @@ from jsonl_pipeline import (
     generate_shards,
     read_jsonl,
     records_per_shard,
+    traced,
 )
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -85,9 +86,12 @@ def torch_dataloader(paths: list[str], pattern: str, workers: int) -> Iterator[B
     return iter(loader)
 
 
-def datapipes_loader(paths: list[str], pattern: str, workers: int) -> Iterator[Batch]:
+def datapipes_loader(
+    paths: list[str], pattern: str, workers: int, trace: bool = False
+) -> Iterator[Batch]:
     pipe = dp.files(pattern).read_jsonl().map(features).shuffle(BUFFER)
-    return iter(dp.Loader(pipe.batch(BATCH, collate_fn=collate), seed=0, num_workers=workers))
+    loader = dp.Loader(pipe.batch(BATCH, collate_fn=collate), seed=0, num_workers=workers)
+    return traced(loader) if trace else iter(loader)
 
 
 Contender = Callable[[list[str], str, int], Iterator[Batch]]

@@ -22,6 +22,7 @@ from datapipes.stats import PipelineStats, StepStats
 from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError, UnfinishedEpochError
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
+from datapipes.trace import PipelineTrace, merge_traces
 from datapipes.trainers import TrainerLoader
 from datapipes.version import package_version
 from datapipes.write import (
@@ -56,6 +57,7 @@ __all__ = [
     "Loader",
     "Manifest",
     "PipelineStats",
+    "PipelineTrace",
     "RandomMapError",
     "RankStats",
     "StateMismatchError",
@@ -77,6 +79,7 @@ __all__ = [
     "load_checkpoint",
     "load_dcp_states",
     "merge_states",
+    "merge_traces",
     "mix",
     "no_collate",
     "range",

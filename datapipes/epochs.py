@@ -102,6 +102,12 @@ class EpochCursor:
         self._live_run = weakref.ref(iterator)
         return iterator
 
+    @property
+    def in_use(self) -> bool:
+        """Whether an epoch runs and its iterator is still held (a loop is reading it)."""
+        live = self._live_run() if self._live_run is not None else None
+        return self._running is not None and live is not None
+
     def is_current(self, run: EpochRun) -> bool:
         """Whether ``run`` is the latest run (not an abandoned iterator of an earlier one)."""
         return run.id == self._run_id

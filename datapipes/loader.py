@@ -10,6 +10,7 @@ are parts with one job each.
 from __future__ import annotations
 
 import atexit
+import os
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
@@ -33,8 +34,10 @@ from datapipes.resume import ResumePlan
 from datapipes.resume.graph import GraphRecord, node_path
 from datapipes.takeover import TakeoverHost
 from datapipes.topology import resolve_topology
+from datapipes.trace import PipelineTrace
 from datapipes.workers import (
     runtime_recipe,
+    worker_dataset,
     worker_drop_counts,
 )
 from nodes import Context, Node
@@ -72,8 +75,8 @@ class Loader(LoaderCheckpoints, LoaderReports):
     ranks): every rank yields as many items, the surplus dropped with a
     :class:`datapipes.UnevenDataWarning`, so a DDP job never hangs in a
     collective; ``pin_memory``/``device`` append those steps; ``stats`` and
-    ``progress``; ``dispatch="dynamic"`` hands out units of ``dispatch_unit_items``
-    on demand through ``store`` (:mod:`datapipes.dispatch`), and
+    ``progress`` (and :meth:`trace`); ``dispatch="dynamic"`` hands out units of
+    ``dispatch_unit_items`` on demand through ``store`` (:mod:`datapipes.dispatch`), and
     ``dispatch_lease_seconds`` lets finished ranks take over a stalled rank's
     units (:mod:`datapipes.takeover`).
     """
@@ -158,6 +161,7 @@ class Loader(LoaderCheckpoints, LoaderReports):
         self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
         self._graph = GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
         self._stats = LoaderStats(self.collects_stats)
+        self._built_trace: Any = None  # the trace recorder the graph was built with, if any
         # The plan of the last resume (datapipes.resume): a dealt epoch's shares live here.
         self._plan: ResumePlan | None = None
         # (epoch, the graph's state at the start of a fresh run): a state taken before the
@@ -209,6 +213,8 @@ class Loader(LoaderCheckpoints, LoaderReports):
 
     def __iter__(self) -> Iterator[Any]:
         self.topology.check_against_torch_distributed()  # set up before init_process_group?
+        if self._root is not None and self._built_trace is not self._context.trace:
+            self.close()  # a trace began or ended: build the graph with (or without) spans
         root = self._root
         if root is None:
             root = self._root = self._build()
@@ -262,7 +268,8 @@ class Loader(LoaderCheckpoints, LoaderReports):
         context.listings = self._listings.get(context)  # rank 0's, shared with the workers
         self._apply_plan(context)
         root = self._even.wrap(self._runtime_pipe.build(context), lambda: context.epoch)
-        return self._stats.wrap(root)
+        self._built_trace = context.trace
+        return self._stats.wrap(root, context.trace)
 
     def _run(self, root: Node[Any], run: EpochRun) -> Iterator[Any]:
         items = iter(root)
@@ -312,6 +319,64 @@ class Loader(LoaderCheckpoints, LoaderReports):
             self._root.close()
             self._stats.keep(self._root, self._cursor.last)  # they outlive the graph
             self._root = None
+
+    # ----- tracing ---------------------------------------------------------------
+    def trace(self, path: str | os.PathLike[str]) -> PipelineTrace:
+        """A trace of the steps while the ``with`` block runs, written to ``path`` at its end.
+
+        Every step's work appears as spans named ``datapipes: <step>``, in
+        this process and in each DataLoader worker (a process of its own in
+        the trace, on the same clock), nested in the span of the step that
+        asked for the item; the training loop's waits on the Loader are spans
+        too. Open the file in https://ui.perfetto.dev or ``chrome://tracing``;
+        :func:`datapipes.merge_traces` puts it into a ``torch.profiler``
+        trace. Spans are the items the statistics time (all of a pass's first
+        256, then one in 16), so a trace costs what ``stats=True`` costs.
+
+        Enter it before the loop: an epoch being read when it is entered is
+        refused (its graph was built without spans). A graph kept from an
+        earlier epoch, or from an abandoned one, is closed (its position kept,
+        as by :meth:`close`) and built again with spans by the next
+        iteration; the first iteration after the block builds it without.
+
+        >>> import datapipes as dp, tempfile, os, json
+        >>> loader = dp.Loader(dp.range(8).map(abs).batch(4))
+        >>> path = os.path.join(tempfile.mkdtemp(), "trace.json")
+        >>> with loader.trace(path):
+        ...     batches = list(loader)
+        >>> for name in sorted({e["name"] for e in json.load(open(path))["traceEvents"]}):
+        ...     print(name)
+        datapipes: batch(4)
+        datapipes: map(abs)
+        datapipes: range(8)
+        datapipes: training loop waits for the next batch
+        process_name
+        process_sort_index
+        thread_name
+        """
+        return PipelineTrace(self, path)
+
+    def _start_trace(self, recorder: Any, folder: str) -> None:
+        if self._context.trace is not None:
+            raise RuntimeError("a trace of this Loader is running already: end it first")
+        if self._cursor.in_use:
+            raise RuntimeError(
+                f"epoch {self._cursor.epoch} is being read, by a graph built without spans: "
+                "enter loader.trace() before the loop (`with loader.trace(path): for batch "
+                "in loader: ...`), between epochs, or after loader.close() (which keeps the "
+                "position)"
+            )
+        self.close()  # built again with spans at the next iteration, where it stopped
+        self._context.trace = recorder
+        dataset = worker_dataset(self._runtime_pipe)
+        if dataset is not None:  # the workers started for the next graph write their own
+            dataset.trace_folder = folder
+
+    def _stop_trace(self) -> None:
+        self._context.trace = None
+        dataset = worker_dataset(self._runtime_pipe)
+        if dataset is not None:
+            dataset.trace_folder = None
 
     def __enter__(self) -> Loader:
         return self

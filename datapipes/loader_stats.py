@@ -11,9 +11,13 @@ from datapipes.stats import PipelineStats, merge_rows
 from datapipes.workers import worker_states
 from nodes import Node
 from nodes.stats import StatsNode, clear_stats, graph_stats
+from nodes.trace import SpanRecorder
 
 #: The statistics key of the Loader's own row: what the training loop waited for.
 LOADER_KEY = "loader"
+
+#: The name of the Loader's row's spans in a trace: the training loop in ``next(loader)``.
+LOOP_WAIT = "datapipes: training loop waits for the next batch"
 
 #: Seconds between two points of an epoch's timeline (``PipelineStats.timeline``) at first;
 #: when it holds TIMELINE_POINTS, every other point goes and the interval doubles.
@@ -40,12 +44,15 @@ class LoaderStats:
         self._kept: PipelineStats | None = None
         self._timeline: list[dict[str, Any]] = []
 
-    def wrap(self, root: Node[Any]) -> Node[Any]:
-        """``root`` with the Loader's row on top when statistics are on."""
-        if not self.enabled:
+    def wrap(self, root: Node[Any], recorder: SpanRecorder | None = None) -> Node[Any]:
+        """``root`` with the Loader's row on top when statistics are on (or a trace runs:
+        its spans are the training loop's waits)."""
+        if not self.enabled and recorder is None:
             return root
         # What the training loop waits for: everything above. Few outputs, so time them all.
-        return StatsNode(root, LOADER_KEY, "Loader", sample_every=1)
+        return StatsNode(
+            root, LOADER_KEY, "Loader", sample_every=1, recorder=recorder, span=LOOP_WAIT
+        )
 
     def new_graph(self) -> None:
         """A graph was built: report it, not the table kept from the one before."""

@@ -172,8 +172,8 @@ class DataPipe(FluentSteps[T]):
     def build(self, ctx: Context | None = None) -> Node[T]:
         """Build the runtime nodes for ``ctx`` (default: one consumer, epoch 0, seed 0).
 
-        With ``ctx.stats`` every step's node is wrapped in a
-        :class:`nodes.stats.StatsNode` that counts its items and time.
+        With ``ctx.stats`` (or a ``ctx.trace``) every step's node is wrapped in a
+        :class:`nodes.stats.StatsNode` that counts its items and time (and notes spans).
         """
         ctx = Context() if ctx is None else ctx
         node = self._build(ctx)
@@ -181,8 +181,8 @@ class DataPipe(FluentSteps[T]):
             node.place = ctx.place_of(self._key())
             if ctx.dispatch is not None:  # dynamic dispatch: it reads the units it claims
                 node = DispatchedSourceNode(node, ctx.dispatch)
-        if ctx.stats:
-            node = StatsNode(node, self.fingerprint(), self.stats_label())
+        if ctx.stats or ctx.trace is not None:
+            node = StatsNode(node, self.fingerprint(), self.stats_label(), recorder=ctx.trace)
         return node
 
     def stats_label(self) -> str:

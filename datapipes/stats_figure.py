@@ -8,10 +8,9 @@ from typing import Any
 from datapipes.stats import PipelineStats
 
 
-def draw(stats: PipelineStats, path: str | None = None) -> Any:
-    """Two panels over the epoch's time: outputs per second with the share of each interval
-    the training loop waited for data, then each step's share of the pipeline's own time
-    per interval, the slowest step drawn bold and named in the title."""
+def pyplot(path: str | None, caller: str) -> Any:
+    """``matplotlib.pyplot``, drawing off screen when the figure goes to a file; a missing
+    matplotlib is an ImportError naming ``caller`` and the extra that brings it."""
     try:
         import matplotlib
 
@@ -20,8 +19,16 @@ def draw(stats: PipelineStats, path: str | None = None) -> Any:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(
-            "PipelineStats.figure() draws with matplotlib: pip install 'datapipes-torch[plots]'"
+            f"{caller} draws with matplotlib: pip install 'datapipes-torch[plots]'"
         ) from None
+    return plt
+
+
+def draw(stats: PipelineStats, path: str | None = None) -> Any:
+    """Two panels over the epoch's time: outputs per second with the share of each interval
+    the training loop waited for data, then each step's share of the pipeline's own time
+    per interval, the slowest step drawn bold and named in the title."""
+    plt = pyplot(path, "PipelineStats.figure()")
     points = [{"seconds": 0.0, "delivered": 0, "waited": 0.0, "steps": {}}]
     for point in stats.timeline:  # a point within 10 ms of the one before replaces it
         if point["seconds"] - points[-1]["seconds"] < 0.01 and len(points) > 1:

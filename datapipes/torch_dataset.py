@@ -24,6 +24,7 @@ from nodes.errors import (
 from nodes.handover import inline_small_tensors
 from nodes.state_checks import expect_equal, expect_int, expect_keys
 from nodes.stats import graph_stats
+from nodes.trace import worker_recorder
 from nodes.worker_bundles import bundles
 from nodes.worker_errors import carry
 
@@ -94,6 +95,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # Under dynamic dispatch (set by a Loader each epoch): the epoch's units, which each
         # worker claims for itself through the store (see datapipes.dispatch).
         self.dispatch_spec: Any = None
+        # While a Loader's trace runs (set before its workers start): the folder each
+        # worker's spans go to (see nodes.trace); None: no spans.
+        self.trace_folder: str | None = None
         self._epoch = 0
         self._last_epoch: int | None = None
         self._pending: dict[str, Any] | None = None
@@ -170,6 +174,10 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # reports the error with an item, which the main process handles like any other,
         # rather than during its startup handshake, where torchdata cannot stop it.
         in_worker = torch.utils.data.get_worker_info() is not None
+        if self.trace_folder is not None and in_worker:
+            ranked = f"rank {ctx.rank} " if ctx.world_size > 1 else ""
+            name = f"{ranked}DataLoader worker {ctx.worker_id}"
+            ctx.trace = worker_recorder(self.trace_folder, name)
         root = None
         try:
             root = self.pipe.build(ctx)
@@ -190,6 +198,8 @@ class TorchDataset(torch.utils.data.IterableDataset):
         finally:
             if root is not None:
                 root.close()
+            if ctx.trace is not None:  # the pass's spans reach the trace before its end
+                ctx.trace.flush()
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's position: epoch, consumer slot and node state (plain data)."""

@@ -101,6 +101,17 @@ def check_picklable(pipe: DataPipe[Any], context: Any) -> None:
         ) from error
 
 
+def worker_dataset(pipe: DataPipe[Any]) -> TorchDataset | None:
+    """The dataset a Loader's runtime recipe sends to its DataLoader workers, if it has any."""
+    stack = [pipe]
+    while stack:
+        step = stack.pop()
+        if isinstance(step, InWorkers):
+            return step._dataset  # type: ignore[attr-defined]
+        stack.extend(step.inputs)
+    return None
+
+
 def worker_states(root: Node[Any] | None) -> list[dict[str, Any]]:
     """The latest state each DataLoader worker of ``root``'s graph sent (see ``TorchDataset``)."""
     return [

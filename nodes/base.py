@@ -45,6 +45,9 @@ class Context:
     #: In a graph built before a ``shard()``: the context of the consumer the shard runs
     #: for (this one then reads the whole stream); ``None`` otherwise.
     shard_ctx: Any = None
+    #: While a trace runs (``Loader.trace``): the :class:`nodes.trace.SpanRecorder` every
+    #: step's statistics node notes its spans in; it builds them even without ``stats``.
+    trace: Any = None
 
     def plan_for(self, place: str | None) -> list[Any] | None:
         """The pieces the source at ``place`` reads this epoch, or ``None``: its own share."""
@@ -170,6 +173,7 @@ class ScopedContext(Context):
     epoch = property(lambda self: self._parent.epoch)
     seed = property(lambda self: self._parent.seed)
     stats = property(lambda self: self._parent.stats)
+    trace = property(lambda self: self._parent.trace)
     listings = property(lambda self: self._parent.listings)
     work = property(lambda self: self._parent.work)
     shard_ctx = property(lambda self: self._parent.shard_ctx)

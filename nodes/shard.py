@@ -31,6 +31,7 @@ class WholeDataContext(Context):
     epoch = property(lambda self: self._parent.epoch)
     seed = property(lambda self: self._parent.seed)
     stats = property(lambda self: self._parent.stats)
+    trace = property(lambda self: self._parent.trace)
     listings = property(lambda self: self._parent.listings)
     work = None  # the stream a shard splits is read whole, on any topology, never dispatched
 

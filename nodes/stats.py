@@ -20,6 +20,8 @@ from typing import Any
 
 from nodes.base import Node, NotReset, State, walk_graph
 from nodes.errors import ErrorPolicy, add_losses
+from nodes.torch_adapter import profiler_running
+from nodes.trace import SPAN_PREFIX, ProfilerSpan, SpanRecorder
 
 #: After the first ``TIME_ALL_FIRST`` items of a pass, one item in ``SAMPLE_EVERY``
 #: (on average) is timed and the others pass through C iterators (counted by
@@ -50,16 +52,31 @@ class StatsNode(Node):
     ``items`` is exact. ``seconds`` times every one of the first
     ``TIME_ALL_FIRST`` items of a pass and then one in ``sample_every``,
     scaled to all items: an estimate that keeps the per-item cost low.
+
+    Each timed ``next()`` is also a span: noted by ``recorder`` (a
+    :class:`nodes.trace.SpanRecorder`, when a trace runs) and shown by a
+    running ``torch.profiler``, named ``span`` (default ``datapipes: <step>``).
     """
 
     kind = "stats"
     elastic = "transparent"
 
-    def __init__(self, inner: Node, key: str, step: str, *, sample_every: int = SAMPLE_EVERY):
+    def __init__(
+        self,
+        inner: Node,
+        key: str,
+        step: str,
+        *,
+        sample_every: int = SAMPLE_EVERY,
+        recorder: SpanRecorder | None = None,
+        span: str | None = None,
+    ):
         super().__init__(inner)
         self.inner = inner
         self.key = key
         self.step = step
+        self.recorder = recorder
+        self.span = SPAN_PREFIX + step if span is None else span
         self._sample_every = sample_every
         self._counter = count()
         self._timed_items = 0
@@ -95,7 +112,8 @@ class StatsNode(Node):
         lengths, so a cost that falls on every 2nd, 4th, ... item is sampled
         fairly rather than always or never.
         """
-        clock, every = perf_counter, self._sample_every
+        clock, every, span = perf_counter, self._sample_every, self.span
+        record = None if self.recorder is None else self.recorder.record
         rng = random.Random(every)  # its own RNG: the global ones stay untouched
         # 61 run lengths averaging every - 1, cycled: a prime period lines up with no cost
         gaps = [rng.randint(0, 2 * (every - 1)) for _ in range(61)]
@@ -103,12 +121,18 @@ class StatsNode(Node):
         while True:
             if timed >= TIME_ALL_FIRST and every > 1:
                 yield islice(items, gaps[timed % 61])
-            start = clock()
-            item = next(items, _END)
+            if profiler_running():
+                item, start, end = _profiled_next(items, span)
+            else:
+                start = clock()
+                item = next(items, _END)
+                end = clock()
             if item is _END:
                 return
-            self._timed_seconds += clock() - start
+            self._timed_seconds += end - start
             self._timed_items = timed = timed + 1
+            if record is not None:
+                record(span, start, end)
             yield (item,)
 
     def _pass_items(self) -> int:
@@ -141,6 +165,17 @@ class StatsNode(Node):
 
     def validate_state(self, state: Any, path: str = "node") -> None:
         self.inner.validate_state(state, path)  # its state is the wrapped node's
+
+
+def _profiled_next(items: Iterator[Any], name: str) -> tuple[Any, float, float]:
+    """The next item (or ``_END``) and its start and end, inside a torch profiler span."""
+    span = ProfilerSpan(name)
+    try:
+        start = perf_counter()
+        item = next(items, _END)
+        return item, start, perf_counter()
+    finally:
+        span.end()
 
 
 def _inside(node: StatsNode) -> Iterator[Node]:

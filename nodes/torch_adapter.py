@@ -17,7 +17,14 @@ are in :mod:`nodes.torchdata_adapter`):
   must allow (:data:`DCP_METADATA_GLOBALS`): ``torch.serialization._get_layout``
   (a tensor's layout) and ``torch.distributed.checkpoint.filesystem._StorageInfo``
   (where an entry's bytes are); the metadata module's own private classes (e.g.
-  ``_MEM_FORMAT_ENCODING``) come with the rest of that module.
+  ``_MEM_FORMAT_ENCODING``) come with the rest of that module;
+- ``torch.autograd.profiler._is_profiler_enabled``: whether a ``torch.profiler``
+  records in this process, read per timed item, where the public
+  ``record_function`` would cost a span always (:func:`profiler_running`);
+- ``torch.ops.profiler._record_function_enter_new`` and
+  ``_record_function_exit._RecordFunction``: the ops ``record_function`` calls,
+  without its context-manager machinery (:func:`profiler_span_enter`,
+  :func:`profiler_span_exit`).
 
 Checked against torch 2.13. ``tests/test_torch_adapter.py`` uses each against a
 real process group, a real DCP save and its ``.metadata`` pickle, and fails
@@ -42,6 +49,28 @@ DCP_METADATA_GLOBALS = frozenset(
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     }
 )
+
+
+def profiler_running() -> bool:
+    """Whether a ``torch.profiler`` (or ``torch.autograd.profiler``) records in this process."""
+    from torch.autograd import profiler
+
+    return profiler._is_profiler_enabled
+
+
+def profiler_span_enter(name: str) -> Any:
+    """Open a ``torch.profiler`` span named ``name``; its handle goes to
+    :func:`profiler_span_exit`."""
+    import torch
+
+    return torch.ops.profiler._record_function_enter_new(name, None)
+
+
+def profiler_span_exit(handle: Any) -> None:
+    """Close the span :func:`profiler_span_enter` opened."""
+    import torch
+
+    torch.ops.profiler._record_function_exit._RecordFunction(handle)
 
 
 def default_store() -> Any:

@@ -57,6 +57,23 @@ def test_each_private_name_is_still_in_torch(module: str, path: str) -> None:
     assert callable(found), changed(f"{name} (no longer callable)")
 
 
+def test_the_profiler_flag_and_span_ops_work_inside_a_real_profiler() -> None:
+    # torch.ops.profiler is no module (not in PRIVATE_NAMES): its ops are checked by use
+    for op in ("_record_function_enter_new", "_record_function_exit"):
+        assert hasattr(torch.ops.profiler, op), changed(f"torch.ops.profiler.{op}")
+    from torch.autograd import profiler
+
+    assert isinstance(profiler._is_profiler_enabled, bool), changed("_is_profiler_enabled")
+    assert not adapter.profiler_running()
+    with torch.profiler.profile() as prof:
+        assert adapter.profiler_running()
+        handle = adapter.profiler_span_enter("datapipes: adapter check")
+        torch.ones(3).sum()
+        adapter.profiler_span_exit(handle)
+    assert not adapter.profiler_running()
+    assert "datapipes: adapter check" in {event.name for event in prof.events()}
+
+
 def test_the_default_store_is_the_process_groups_own(tmp_path: Path) -> None:
     assert adapter.default_store() is None  # no process group
     store = dist.FileStore(str(tmp_path / "store"), 1)
