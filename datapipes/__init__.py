@@ -22,6 +22,7 @@ from datapipes.stats import PipelineStats, StepStats
 from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError, UnfinishedEpochError
 from datapipes.topology import Topology
 from datapipes.torch_dataset import TorchDataset
+from datapipes.torchtitan import TorchTitanLoader
 from datapipes.trace import PipelineTrace, merge_traces
 from datapipes.trainers import TrainerLoader
 from datapipes.version import package_version
@@ -65,6 +66,7 @@ __all__ = [
     "TakeoverCheckpointError",
     "Topology",
     "TrainerLoader",
+    "TorchTitanLoader",
     "TorchDataset",
     "UnevenDataWarning",
     "UnfinishedEpochError",

@@ -12,7 +12,8 @@
 # the trainer only looks at it, and under several ranks gathers every rank's
 # state so that rank 0's checkpoint resumes them all. The Hugging Face
 # `Trainer` also needs `dp.use_in_hf_trainer`, which hands it the Loader and
-# keeps the Loader's state in each checkpoint folder.
+# keeps the Loader's state in each checkpoint folder. At the end,
+# torchtitan's data-loader protocol through `dp.TorchTitanLoader`.
 # Run `python tutorials/11_inside_your_trainer.py`; it asserts what it shows.
 
 # %%
@@ -222,3 +223,41 @@ print("the Loader state in the folder names its recipe:", steps)
 # trainers do), rank 0's checkpoint holds them all, and every rank takes its
 # own position from it. `tests/test_trainers.py` runs each trainer with 2
 # ranks (gloo) and 2 DataLoader workers each.
+
+# %% [markdown]
+# ## torchtitan
+#
+# torchtitan saves its data loader with `torch.distributed.checkpoint` (DCP)
+# as `{"dataloader": loader}` and wants batches as `(input_dict, labels)`.
+# `dp.TorchTitanLoader` gives both: a `pack()`-style batch becomes
+# `({"input": input_ids}, labels)`, and the state is one JSON entry, the same
+# on every rank, so DCP writes it once and a resume on another number of
+# data-parallel ranks deals the rest (torchtitan's own loader refuses that).
+# Here, in one process, the DCP calls its checkpointer makes:
+
+# %%
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+
+def as_tokens(i: int) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.tensor([i, i]), "labels": torch.tensor([i, -100])}
+
+
+def titan_data() -> dp.TorchTitanLoader:
+    pipe = dp.range(ITEMS).shuffle().map(as_tokens).batch(BATCH)
+    return dp.TorchTitanLoader(dp.Loader(pipe, seed=3))
+
+
+def ids(batches: list) -> list[list[int]]:
+    return [inputs["input"][:, 0].tolist() for inputs, _labels in batches]
+
+
+data = titan_data()
+batches = iter(data)
+before = [next(batches) for _ in range(STOP)]
+dcp.save({"dataloader": data}, checkpoint_id=str(folder / "titan"))
+resumed = titan_data()
+dcp.load({"dataloader": resumed}, checkpoint_id=str(folder / "titan"))
+after = list(resumed)
+print(f"torchtitan protocol: {len(before)} batches, DCP checkpoint, {len(after)} after")
+assert ids(before) + ids(after) == ids(list(titan_data()))
