@@ -230,6 +230,7 @@ class FluentSteps(Generic[T]):
         on_error: str = "raise",
         image_size: int | tuple[int, int] | None = None,
         image_backend: str = "auto",
+        device: str | None = None,
     ) -> DataPipe[Any]:
         """Decode the bytes fields of dict samples by extension (``read_tar``, ``read_bytes``).
 
@@ -266,6 +267,14 @@ class FluentSteps(Generic[T]):
         per image from its crop box instead, and with the region decoder
         decodes only the box (full scale) where that does less work.
 
+        ``device="cuda"`` decodes JPEGs on the GPU (nvImageCodec's nvJPEG
+        decoders, ``pip install 'datapipes-torch[gpu]'``) into uint8
+        ``(C, H, W)`` tensors there; the step then runs in the main process
+        (the workers only read), and a :meth:`random_resized_crop` after it
+        crops and resizes on the GPU, with the same boxes. nvJPEG's pixels
+        differ from libjpeg's by a level or two. ``device="cpu"`` runs the
+        same path on nvImageCodec's CPU decoder (Pillow's pixels).
+
         >>> import datapipes as dp
         >>> sample = {"__key__": "a", "cls": b"3", "json": b'{"x": 1}'}
         >>> list(dp.Loader(dp.from_sequence([sample]).decode()))
@@ -279,6 +288,7 @@ class FluentSteps(Generic[T]):
             on_error=on_error,
             image_size=image_size,
             image_backend=image_backend,
+            device=device,
         )
 
     def random_resized_crop(
@@ -292,6 +302,7 @@ class FluentSteps(Generic[T]):
         seed: int | None = None,
         fused: bool = True,
         num_threads: int | None = None,
+        on_device: bool = False,
     ) -> DataPipe[Any]:
         """Seeded random resized crops of images to ``size x size``, flipped with ``flip``.
 
@@ -317,6 +328,15 @@ class FluentSteps(Generic[T]):
         and crops on ``k`` threads (the decoders release the GIL), resuming
         like ``map(..., num_workers=k)``, with the same pixels.
 
+        ``on_device=True`` (right after ``decode()``) leaves the decoding to
+        :meth:`to_device`: the box is drawn from the JPEG's header where the
+        step runs (a worker), the item carries the JPEG and its box
+        (:class:`nodes.device_jpeg.EncodedCrop`), and ``to_device(device)``
+        decodes a batch's boxes in one nvImageCodec call on the device
+        (nvJPEG on CUDA, ``pip install 'datapipes-torch[gpu]'``; its CPU
+        decoder on the CPU, Pillow's pixels), then resizes and flips there.
+        Other image formats are cropped where the step runs, as without it.
+
         >>> import datapipes as dp, torch
         >>> images = [torch.zeros(3, 40, 60, dtype=torch.uint8)] * 2
         >>> [tuple(x.shape) for x in dp.Loader(dp.from_sequence(images).random_resized_crop(16))]
@@ -334,6 +354,7 @@ class FluentSteps(Generic[T]):
             seed=seed,
             fused=fused,
             num_threads=num_threads,
+            on_device=on_device,
         )
 
     # ----- where items go: a thread ahead, pinned memory, a device, a DataLoader ----------

@@ -25,8 +25,15 @@ from nodes import (
     unbatch_items,
 )
 from nodes.batched_fetch import FetchBatchNode, fetching_source
-from nodes.decode import DecodeNode, SampleDecoder, default_decoders, image_size_hint
+from nodes.decode import (
+    IMAGE_EXTENSIONS,
+    DecodeNode,
+    SampleDecoder,
+    default_decoders,
+    image_size_hint,
+)
 from nodes.device import PinMemoryNode, ToDeviceNode
+from nodes.device_jpeg import DeviceImageDecoder, check_device
 from nodes.errors import ErrorPolicy, check_on_error
 from nodes.jpeg import check_nvimgcodec, import_simplejpeg
 from nodes.parallel_map import ParallelMapNode, check_parallel_map
@@ -291,6 +298,7 @@ class Decode(DataPipe[Any]):
         on_error: str,
         image_size: int | tuple[int, int] | None = None,
         image_backend: str = "auto",
+        device: str | torch.device | None = None,
     ) -> None:
         check_on_error(on_error)
         # Validates image, image_mode, image_size and image_backend now.
@@ -315,7 +323,22 @@ class Decode(DataPipe[Any]):
             kwargs["decoders"] = dict(decoders)
         if on_error != "raise":
             kwargs["on_error"] = on_error
+        if device is not None:
+            if image != "chw":
+                raise ValueError(
+                    f"decode(device=...) puts (C, H, W) tensors on the device: image must be "
+                    f"'chw' (the default), got {image!r}"
+                )
+            if image_size is not None:
+                raise ValueError("decode(device=...) decodes at full size: leave image_size out")
+            check_nvimgcodec()
+            kwargs["device"] = str(check_device(device))
         super().__init__(upstream, **kwargs)
+
+    @property
+    def main_process_only(self) -> bool:  # type: ignore[override]
+        """With a device, it runs in the main process (where the device is used)."""
+        return "device" in self.kwargs
 
     def consumer_length(self, ctx: Context) -> int | None:
         return None if self.kwargs.get("on_error") == "skip" else self._upstream_length(ctx)
@@ -329,6 +352,10 @@ class Decode(DataPipe[Any]):
             kw.get("image_backend", "auto"),
             kw.get("image_size"),
         )
+        device = kw.get("device")
+        if device is not None:
+            on_device = DeviceImageDecoder(device, decoders[IMAGE_EXTENSIONS[0]])
+            decoders.update(dict.fromkeys(IMAGE_EXTENSIONS, on_device))
         decoders.update(kw.get("decoders", {}))
         return decoders
 

@@ -9,12 +9,15 @@ from datapipes.pipe import DataPipe, _rebuild
 from datapipes.steps import Decode
 from nodes import Context, Node
 from nodes.decode import DecodeNode, SampleDecoder, SettleBadSamples
+from nodes.jpeg import check_nvimgcodec
 from nodes.parallel_map import ParallelMapNode
 from nodes.random_map import RandomMapNode
 from nodes.vision import CropParams, FusedDecodeCrop, ResizedCrop, WithStream, capture_stream
 
 #: Options that change how the crops are made, not what is drawn: left out of the draws' key.
-_HOW = ("fused", "num_threads")
+_HOW = ("fused", "num_threads", "on_device")
+#: decode()'s arguments that change how images are decoded, not which crops are drawn.
+_DECODE_HOW = {"image_backend"}
 
 
 class RandomResizedCrop(DataPipe[Any]):
@@ -38,8 +41,28 @@ class RandomResizedCrop(DataPipe[Any]):
         seed: int | None = None,
         fused: bool = True,
         num_threads: int | None = None,
+        on_device: bool = False,
     ) -> None:
         params = CropParams(size, _pair("scale", scale), _pair("ratio", ratio), float(flip))
+        if isinstance(upstream, Decode) and "device" in upstream.kwargs:
+            raise ValueError(
+                "random_resized_crop after decode(device=...) would draw its crops in the main "
+                "process, after the workers, where an item's place in the epoch is unknown: "
+                "write decode().random_resized_crop(size, on_device=True).batch(n)"
+                f".to_device({upstream.kwargs['device']!r}) (the boxes are drawn in the "
+                "workers from the JPEG headers, the JPEGs decoded and cropped on the device)"
+            )
+        if on_device is not False:
+            if on_device is not True:
+                raise TypeError(
+                    f"random_resized_crop on_device must be True or False, got {on_device!r}"
+                )
+            if not isinstance(upstream, Decode) or fused is False:
+                raise ValueError(
+                    "random_resized_crop(on_device=True) decodes the JPEGs itself, on the device "
+                    "that to_device() moves to: put it right after decode(), with fused=True"
+                )
+            check_nvimgcodec()
         layout = upstream.kwargs.get("image", "chw") if isinstance(upstream, Decode) else "chw"
         if layout in ("hwc", "pil"):  # None: images stay bytes, or decoders of the user's
             raise ValueError(
@@ -72,6 +95,8 @@ class RandomResizedCrop(DataPipe[Any]):
                     f"random_resized_crop num_threads must be an int >= 1, got {num_threads!r}"
                 )
             kwargs["num_threads"] = num_threads
+        if on_device:
+            kwargs["on_device"] = True
         super().__init__(upstream, args=(size,), **kwargs)
 
     @property
@@ -102,8 +127,8 @@ class RandomResizedCrop(DataPipe[Any]):
         (and the decode backend below it) left out, so those give the same crops."""
         own = {k: v for k, v in self.kwargs.items() if k not in _HOW}
         below = self.inputs[0]
-        if isinstance(below, Decode) and "image_backend" in below.kwargs:
-            rest = {k: v for k, v in below.kwargs.items() if k != "image_backend"}
+        if isinstance(below, Decode) and _DECODE_HOW & below.kwargs.keys():
+            rest = {k: v for k, v in below.kwargs.items() if k not in _DECODE_HOW}
             below = _rebuild(Decode, {"inputs": below.inputs, "args": below.args, "kwargs": rest})
         twin = _rebuild(type(self), {"inputs": (below,), "args": self.args, "kwargs": own})
         return twin._key()
@@ -116,7 +141,8 @@ class RandomResizedCrop(DataPipe[Any]):
             assert isinstance(below, Decode)
             errors = below.error_policy()
             upstream = below.inputs[0].build(ctx)
-            fn: Any = FusedDecodeCrop(SampleDecoder(below.decoder_table(), errors), params, fields)
+            decoder = SampleDecoder(below.decoder_table(), errors)
+            fn: Any = FusedDecodeCrop(decoder, params, fields, self.kwargs.get("on_device", False))
             if threads is not None:  # here, not at once in the pool's threads (a race)
                 fn.load_backends()
         else:

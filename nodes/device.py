@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from nodes.base import Node, State
+from nodes.device_jpeg import decode_encoded
 from nodes.tensor_tree import apply_to_tensors
 from nodes.transforms import MapNode
 
@@ -62,8 +63,10 @@ class ToDeviceNode(MapNode):
 
     def __init__(self, upstream: Node, device: str | torch.device | None = None) -> None:
         self.device = resolve_device(device)
+        #: where crops left encoded (random_resized_crop(on_device=True)) are decoded
+        self._crops_on = torch.device("cpu") if self.device is None else self.device
         if self.device is None:
-            move = _unchanged
+            move = self._decode_only
         elif self.device.type == "cuda":
             move = self._cuda_copy
         else:
@@ -73,7 +76,10 @@ class ToDeviceNode(MapNode):
         self._in_flight: list[tuple[Any, Any]] = []
 
     def _plain_move(self, item: Any) -> Any:
-        return apply_to_tensors(item, self._plain_copy)
+        return apply_to_tensors(decode_encoded(item, self._crops_on), self._plain_copy)
+
+    def _decode_only(self, item: Any) -> Any:
+        return decode_encoded(item, self._crops_on)
 
     def reset(self, state: State | None = None) -> None:
         self._release_sources()
@@ -95,8 +101,8 @@ class ToDeviceNode(MapNode):
         # The side stream does not wait for the compute stream: the sources are host memory,
         # so the copy of this batch may run while the compute on the last one does.
         compute = torch.cuda.current_stream(self.device)
-        with torch.cuda.stream(self._stream):
-            moved = apply_to_tensors(item, self._async_copy)
+        with torch.cuda.stream(self._stream):  # crops left encoded decode here too
+            moved = apply_to_tensors(decode_encoded(item, self._crops_on), self._async_copy)
         done = torch.cuda.Event()
         done.record(self._stream)
         compute.wait_event(done)

@@ -46,6 +46,7 @@ from nodes.decode import (
     SampleDecoder,
     image_tensor,
 )
+from nodes.device_jpeg import EncodedCrop
 from nodes.intra_op import one_thread
 from nodes.jpeg import PillowJpeg, RegionJpeg, SimpleJpeg, is_jpeg
 
@@ -119,10 +120,19 @@ def resize(image: torch.Tensor, size: int, flip: bool) -> torch.Tensor:
 def _resize(image: torch.Tensor, size: int, flip: bool) -> torch.Tensor:
     if image.shape[1] == image.shape[2] == size:
         out = image
-    else:
+    elif image.device.type == "cpu":
         out = F.interpolate(
             image[None], size=(size, size), mode="bilinear", antialias=True, align_corners=False
         )[0]
+    else:  # on a GPU the antialiased resize takes floats: rounded back to uint8
+        resized = F.interpolate(
+            image[None].float(),
+            size=(size, size),
+            mode="bilinear",
+            antialias=True,
+            align_corners=False,
+        )[0]
+        out = resized.round_().clamp_(0, 255).to(torch.uint8)
     return (out.flip(-1) if flip else out).contiguous()
 
 
@@ -245,9 +255,14 @@ class FusedDecodeCrop:
     """
 
     def __init__(
-        self, decoder: SampleDecoder, params: CropParams, fields: str | Sequence[str] | None
+        self,
+        decoder: SampleDecoder,
+        params: CropParams,
+        fields: str | Sequence[str] | None,
+        on_device: bool = False,
     ) -> None:
         self.params = params
+        self.on_device = on_device  # JPEGs left encoded, with their box, for to_device()
         self.choose = FieldChoice(fields)
         self.full = decoder
         self.decoder = _LeaveFused(decoder.decoders, decoder.errors, self.fused_decoder)
@@ -288,7 +303,10 @@ class FusedDecodeCrop:
                     whole = images(value)
                     height, width = whole.shape[1:]
                 box, flip = box_for(field, height, width)
-                if whole is None:
+                if whole is None and self.on_device:
+                    where = f"sample {sample.get('__key__')!r}, field {field!r}"
+                    out[field] = EncodedCrop(bytes(value), box, flip, size, where)
+                elif whole is None:
                     out[field] = self._decode_crop(images, value, box, flip, (height, width))
                 else:
                     out[field] = crop_resize(whole, box, size, flip)
