@@ -107,6 +107,7 @@ PEERS = (
     "spdl",
     "pillow",
     "simplejpeg",
+    "nvidia-nvimgcodec-cu12",  # the jpeg-region extra: region decode of crops
     "numpy",
     "pyarrow",
     "litdata",
