@@ -330,8 +330,10 @@ class Loader(LoaderCheckpoints, LoaderReports):
         asked for the item; the training loop's waits on the Loader are spans
         too. Open the file in https://ui.perfetto.dev or ``chrome://tracing``;
         :func:`datapipes.merge_traces` puts it into a ``torch.profiler``
-        trace. Spans are the items the statistics time (all of a pass's first
-        256, then one in 16), so a trace costs what ``stats=True`` costs.
+        trace. Each step keeps all of a pass's first 256 ``next()`` calls as
+        spans, then every one of at least 100 us and one every 2 ms of the
+        others, which bounds what a trace costs (the JSONL benchmark has rows
+        with a trace on).
 
         Enter it before the loop: an epoch being read when it is entered is
         refused (its graph was built without spans). A graph kept from an

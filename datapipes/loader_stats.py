@@ -51,7 +51,13 @@ class LoaderStats:
             return root
         # What the training loop waits for: everything above. Few outputs, so time them all.
         return StatsNode(
-            root, LOADER_KEY, "Loader", sample_every=1, recorder=recorder, span=LOOP_WAIT
+            root,
+            LOADER_KEY,
+            "Loader",
+            sample_every=1,
+            recorder=recorder,
+            span=LOOP_WAIT,
+            counts=self.enabled,
         )
 
     def new_graph(self) -> None:

@@ -13,7 +13,7 @@ from datapipes.fluent import FluentSteps
 from datapipes.identity import digest, identity, plain
 from nodes import Context, Node
 from nodes.dispatch import DispatchedSourceNode
-from nodes.stats import StatsNode
+from nodes.stats import SAMPLE_EVERY, TRACE_SAMPLE_EVERY, StatsNode
 
 T = TypeVar("T")
 
@@ -182,7 +182,16 @@ class DataPipe(FluentSteps[T]):
             if ctx.dispatch is not None:  # dynamic dispatch: it reads the units it claims
                 node = DispatchedSourceNode(node, ctx.dispatch)
         if ctx.stats or ctx.trace is not None:
-            node = StatsNode(node, self.fingerprint(), self.stats_label(), recorder=ctx.trace)
+            # A trace alone times one item in TRACE_SAMPLE_EVERY: it keeps few of them anyway.
+            every = SAMPLE_EVERY if ctx.stats else TRACE_SAMPLE_EVERY
+            node = StatsNode(
+                node,
+                self.fingerprint(),
+                self.stats_label(),
+                sample_every=every,
+                recorder=ctx.trace,
+                counts=ctx.stats,
+            )
         return node
 
     def stats_label(self) -> str:

@@ -1,9 +1,10 @@
 """Traces of a pipeline: one Chrome / Perfetto trace of the main process and its workers.
 
 ``Loader.trace(path)`` runs a :class:`PipelineTrace`: while it is entered,
-every step notes a sample of its ``next()`` calls as spans (the ones its
-statistics time: all of the first 256 items of a pass, then one in 16),
-in the main process and in each DataLoader worker, on one clock. At its
+every step notes a sample of its ``next()`` calls as spans (all of a
+pass's first 256, then every one of at least 100 us and one every 2 ms of
+the others: see :mod:`nodes.trace`), in the main process and in each
+DataLoader worker, on one clock. At its
 exit the spans become one trace-event JSON file that ``chrome://tracing``,
 https://ui.perfetto.dev and ``torch.profiler``'s viewers open: a process
 per worker, a thread per thread, a span per step nested in the span of the
@@ -90,7 +91,8 @@ class PipelineTrace:
                 # add to a ts for Unix time in microseconds (what torch.profiler's traces use)
                 "unix_minus_clock_us": (time.time() - time.perf_counter()) * 1e6,
                 "started_us": self._started * 1e6,
-                "sampled": "all of the first 256 items of a pass, then about one in 16",
+                "sampled": "per step: all of a pass's first 256 next() calls, then every "
+                "one of at least 100 us and one every 2 ms of the others",
                 "dropped_spans": dropped,
             },
         }
@@ -128,17 +130,22 @@ def read_span_folder(folder: str | os.PathLike[str]) -> tuple[list[dict[str, Any
     for path in Path(folder).glob("spans-*.jsonl"):
         process, pid, threads, spans = None, None, {}, []
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("S\t"):
+                span = _span(line)
+                if span is not None:
+                    spans.append(span)
+                continue
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(entry, list) and len(entry) == 4:
-                spans.append(entry)
-            elif isinstance(entry, dict) and "process" in entry:
+            if not isinstance(entry, dict):
+                continue
+            if "process" in entry:
                 process, pid = str(entry["process"]), entry.get("pid")
-            elif isinstance(entry, dict) and isinstance(entry.get("thread"), int):
+            elif isinstance(entry.get("thread"), int):
                 threads[entry["thread"]] = str(entry.get("name"))
-            elif isinstance(entry, dict) and isinstance(entry.get("dropped"), int):
+            elif isinstance(entry.get("dropped"), int):
                 dropped = max(dropped, entry["dropped"])
         if process is not None and isinstance(pid, int):
             recorded.append((process, pid, threads, spans))
@@ -150,26 +157,45 @@ def read_span_folder(folder: str | os.PathLike[str]) -> tuple[list[dict[str, Any
         events.append(_meta("process_sort_index", pid, None, {"sort_index": index}))
         for tid, name in threads.items():
             events.append(_meta("thread_name", pid, tid, {"name": name}))
-        for name, start, end, tid in spans:
-            if not (isinstance(start, float) and isinstance(end, float) and end >= start):
-                continue
-            if not isinstance(tid, int):
-                continue
-            # Rounded to the nanosecond from the same floats: a span nested in another
-            # stays nested.
-            ts = round(start * 1e6, 3)
+        for name, ts, dur, tid in spans:
             events.append(
                 {
                     "ph": "X",
                     "cat": "datapipes",
-                    "name": str(name),
+                    "name": name,
                     "pid": pid,
                     "tid": tid,
                     "ts": ts,
-                    "dur": round(end * 1e6, 3) - ts,
+                    "dur": dur,
                 }
             )
     return events, processes, dropped
+
+
+_names: dict[str, str] = {}  # a span line's quoted name, read once
+
+
+def _span(line: str) -> tuple[str, float, float, int] | None:
+    """A span line's name, start and duration in microseconds, and thread; ``None`` for a
+    damaged line. Rounded to the nanosecond from the same floats: a span nested in another
+    stays nested."""
+    parts = line.split("\t")
+    if len(parts) != 5:
+        return None
+    try:
+        name = _names.get(parts[1])
+        if name is None:
+            name = json.loads(parts[1])
+            if not isinstance(name, str):
+                return None
+            _names[parts[1]] = name
+        start, end, tid = float(parts[2]), float(parts[3]), int(parts[4])
+    except ValueError:
+        return None
+    if not end >= start:  # also NaN
+        return None
+    ts = round(start * 1e6, 3)
+    return name, ts, round(end * 1e6, 3) - ts, tid
 
 
 def _natural(process: str) -> tuple[bool, list[Any]]:
@@ -186,11 +212,47 @@ def _meta(kind: str, pid: int, tid: int | None, args: dict[str, Any]) -> dict[st
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
-    """Write ``document`` to ``path`` whole or not at all."""
+    """Write ``document`` (a trace: ``traceEvents`` first) to ``path`` whole or not at all.
+
+    A span is written from a format string (its name quoted once): about 4x
+    faster than ``json.dump`` of its dict, which only the other events take.
+    """
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    quoted: dict[str, str] = {}
     with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(document, file)
+        lines = []
+        for event in document.get("traceEvents", []):
+            if _plain_span(event):
+                name = event["name"]
+                if name not in quoted:
+                    quoted[name] = json.dumps(name)
+                lines.append(
+                    f'{{"ph":"X","cat":"datapipes","name":{quoted[name]},"pid":{event["pid"]},'
+                    f'"tid":{event["tid"]},"ts":{event["ts"]!r},"dur":{event["dur"]!r}}}'
+                )
+            else:
+                lines.append(json.dumps(event))
+        rest = {k: v for k, v in document.items() if k != "traceEvents"}
+        file.write('{"traceEvents":[\n' + ",\n".join(lines) + "\n]")
+        for key, value in rest.items():
+            file.write(f",{json.dumps(key)}:{json.dumps(value)}")
+        file.write("}\n")
     os.replace(temporary, path)
+
+
+def _plain_span(event: Any) -> bool:
+    """Whether ``event`` is one of this module's spans, with plain values only."""
+    return (
+        type(event) is dict
+        and len(event) == 7
+        and event.get("ph") == "X"
+        and event.get("cat") == "datapipes"
+        and type(event.get("name")) is str
+        and type(event.get("pid")) is int
+        and type(event.get("tid")) is int
+        and type(event.get("ts")) is float
+        and type(event.get("dur")) is float
+    )
 
 
 def merge_traces(

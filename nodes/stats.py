@@ -21,13 +21,16 @@ from typing import Any
 from nodes.base import Node, NotReset, State, walk_graph
 from nodes.errors import ErrorPolicy, add_losses
 from nodes.torch_adapter import profiler_running
-from nodes.trace import SPAN_PREFIX, ProfilerSpan, SpanRecorder
+from nodes.trace import LONG_SPAN, SPAN_GAP, SPAN_PREFIX, ProfilerSpan, SpanRecorder
 
 #: After the first ``TIME_ALL_FIRST`` items of a pass, one item in ``SAMPLE_EVERY``
 #: (on average) is timed and the others pass through C iterators (counted by
 #: ``itertools.count``): measured 0.06 us per item per step, against 0.4 us for
 #: timing every item.
 SAMPLE_EVERY = 16
+#: With a trace but no statistics (``counts=False``): one item in 64 is timed, the cost of
+#: a timed item (about 1 us: clocks, a generator resumed) spread over more items.
+TRACE_SAMPLE_EVERY = 64
 TIME_ALL_FIRST = 256
 
 _END = object()
@@ -53,9 +56,13 @@ class StatsNode(Node):
     ``TIME_ALL_FIRST`` items of a pass and then one in ``sample_every``,
     scaled to all items: an estimate that keeps the per-item cost low.
 
-    Each timed ``next()`` is also a span: noted by ``recorder`` (a
-    :class:`nodes.trace.SpanRecorder`, when a trace runs) and shown by a
-    running ``torch.profiler``, named ``span`` (default ``datapipes: <step>``).
+    Each timed ``next()`` is also a span: shown by a running
+    ``torch.profiler``, named ``span`` (default ``datapipes: <step>``), and
+    noted by ``recorder`` (a :class:`nodes.trace.SpanRecorder`, while a trace
+    runs): all of a pass's first ``TIME_ALL_FIRST``, then every one of at
+    least ``LONG_SPAN`` seconds and one every ``SPAN_GAP`` seconds of the
+    others (see :mod:`nodes.trace`). ``counts=False`` (a trace without statistics) keeps no counts:
+    an item then passes through C iterators only, for a lower cost.
     """
 
     kind = "stats"
@@ -70,6 +77,7 @@ class StatsNode(Node):
         sample_every: int = SAMPLE_EVERY,
         recorder: SpanRecorder | None = None,
         span: str | None = None,
+        counts: bool = True,
     ):
         super().__init__(inner)
         self.inner = inner
@@ -77,6 +85,7 @@ class StatsNode(Node):
         self.step = step
         self.recorder = recorder
         self.span = SPAN_PREFIX + step if span is None else span
+        self.counts = counts
         self._sample_every = sample_every
         self._counter = count()
         self._timed_items = 0
@@ -102,7 +111,7 @@ class StatsNode(Node):
         self.inner.reset(state)
         segments = chain.from_iterable(self._segments(iter(self.inner)))
         # zip asks `segments` first, so the counter only advances for an item that came.
-        self._it = map(_first, zip(segments, self._counter))
+        self._it = map(_first, zip(segments, self._counter)) if self.counts else segments
 
     def _segments(self, items: Iterator[Any]) -> Iterator[Iterable[Any]]:
         """The items, as one-item tuples (timed) and runs of untimed ones (C ``islice``).
@@ -117,7 +126,7 @@ class StatsNode(Node):
         rng = random.Random(every)  # its own RNG: the global ones stay untouched
         # 61 run lengths averaging every - 1, cycled: a prime period lines up with no cost
         gaps = [rng.randint(0, 2 * (every - 1)) for _ in range(61)]
-        timed = 0
+        timed, next_span = 0, 0.0
         while True:
             if timed >= TIME_ALL_FIRST and every > 1:
                 yield islice(items, gaps[timed % 61])
@@ -131,8 +140,11 @@ class StatsNode(Node):
                 return
             self._timed_seconds += end - start
             self._timed_items = timed = timed + 1
-            if record is not None:
+            if record is not None and (
+                timed <= TIME_ALL_FIRST or end - start >= LONG_SPAN or start >= next_span
+            ):
                 record(span, start, end)
+                next_span = end + SPAN_GAP
             yield (item,)
 
     def _pass_items(self) -> int:

@@ -39,6 +39,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from torch.autograd import profiler as autograd_profiler
+
 #: The module whose classes a DCP ``.metadata`` pickle is made of.
 DCP_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 
@@ -52,10 +54,9 @@ DCP_METADATA_GLOBALS = frozenset(
 
 
 def profiler_running() -> bool:
-    """Whether a ``torch.profiler`` (or ``torch.autograd.profiler``) records in this process."""
-    from torch.autograd import profiler
-
-    return profiler._is_profiler_enabled
+    """Whether a ``torch.profiler`` (or ``torch.autograd.profiler``) records in this process
+    (read per timed item: one module attribute)."""
+    return autograd_profiler._is_profiler_enabled
 
 
 def profiler_span_enter(name: str) -> Any:

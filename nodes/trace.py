@@ -33,10 +33,18 @@ FLUSH_SECONDS = 0.2
 MAX_SPANS = 200_000
 #: The prefix of a step's span: ``datapipes: map(decode)``.
 SPAN_PREFIX = "datapipes: "
+#: Which timed ``next()`` calls a step keeps as spans, after all of a pass's first 256: every
+#: one of at least LONG_SPAN seconds (a span costs about 3 us to note, merge and write: at
+#: most 3% of such a span), and one every SPAN_GAP seconds of the others.
+LONG_SPAN = 100e-6
+SPAN_GAP = 0.002
 
 
 class SpanRecorder:
     """The spans of one process, written to ``folder/spans-<pid>-<n>.jsonl``.
+
+    Its lines: a span is ``S<tab>"name"<tab>start<tab>end<tab>thread``; the
+    process, its threads' names and the spans left out are JSON objects.
 
     ``process`` names the process in the trace (``"main"``, ``"worker 1"``).
     ``record`` is called from any thread of the process; each span keeps
@@ -65,6 +73,7 @@ class SpanRecorder:
         self._lock = threading.Lock()
         self._flushed_at = perf_counter()
         self._header_written = False
+        self._quoted: dict[str, str] = {}
 
     def record(self, name: str, start: float, end: float) -> None:
         """Note one span named ``name`` from ``start`` to ``end`` (``perf_counter``)."""
@@ -93,7 +102,11 @@ class SpanRecorder:
             if not self._header_written:
                 header = {"process": self.process, "pid": os.getpid()}
                 lines.append(json.dumps(header))
-            lines.extend(json.dumps(span) for span in spans)
+            quoted = self._quoted
+            for name, start, end, tid in spans:  # tab-separated: 3x cheaper than JSON here
+                if name not in quoted:
+                    quoted[name] = json.dumps(name)  # no tab or newline left in it
+                lines.append(f"S\t{quoted[name]}\t{start!r}\t{end!r}\t{tid}")
             threads, self._threads = self._threads, {}
             lines.extend(json.dumps({"thread": ident, "name": n}) for ident, n in threads.items())
             if self.dropped:

@@ -296,12 +296,17 @@ def test_damaged_span_files_lose_their_bad_lines_only(tmp_path):
     recorder.record("datapipes: b", 1.25, 1.5)
     recorder.flush()
     with open(recorder.path, "a", encoding="utf-8") as file:
-        file.write('["datapipes: c", 5.0, 4.0, 1]\n')  # ends before it starts
-        file.write('["datapipes: d", "x", 6.0, 1]\n')  # not a time
-        file.write('["datapipes: e", 5.0, 6.0, "t"]\n')  # not a thread
+        file.write('S\t"datapipes: c"\t5.0\t4.0\t1\n')  # ends before it starts
+        file.write('S\t"datapipes: d"\tx\t6.0\t1\n')  # not a time
+        file.write('S\t"datapipes: e"\t5.0\t6.0\tt\n')  # not a thread
+        file.write('S\t"datapipes: n"\tnan\tnan\t1\n')  # not a number
+        file.write("S\tdatapipes: g\t5.0\t6.0\t1\n")  # a name not quoted
+        file.write("S\t3\t5.0\t6.0\t1\n")  # a name that is no string
+        file.write('S\t"datapipes: h"\t5.0\t6.0\n')  # a field missing
+        file.write('["datapipes: i", 5.0, 6.0, 1]\n')  # JSON, not a span line
         file.write('{"thread": "x", "name": 3}\n')
         file.write('"just a string"\n')
-        file.write('["datapipes: f", 7.0, 8.')  # cut short by a writer
+        file.write('S\t"datapipes: f"\t7.0\t8.')  # cut short by a writer
     (tmp_path / "spans-1-0.jsonl").write_text("no header, no spans\n")
     (tmp_path / "spans-2-0.jsonl").write_bytes(b"\xff\xfe garbage")
     events, processes, dropped = read_span_folder(tmp_path)
