@@ -270,10 +270,12 @@ class FluentSteps(Generic[T]):
         ``device="cuda"`` decodes JPEGs on the GPU (nvImageCodec's nvJPEG
         decoders, ``pip install 'datapipes-torch[gpu]'``) into uint8
         ``(C, H, W)`` tensors there; the step then runs in the main process
-        (the workers only read), and a :meth:`random_resized_crop` after it
-        crops and resizes on the GPU, with the same boxes. nvJPEG's pixels
-        differ from libjpeg's by a level or two. ``device="cpu"`` runs the
-        same path on nvImageCodec's CPU decoder (Pillow's pixels).
+        (the workers only read). For crops decoded on the GPU use
+        ``decode().random_resized_crop(size, on_device=True)`` and
+        ``to_device()`` instead (a crop after ``decode(device=...)`` is
+        refused). nvJPEG's pixels may differ slightly from libjpeg's;
+        ``device="cpu"`` runs the same path on nvImageCodec's CPU decoder
+        (Pillow's pixels).
 
         >>> import datapipes as dp
         >>> sample = {"__key__": "a", "cls": b"3", "json": b'{"x": 1}'}

@@ -4,13 +4,15 @@ On a CUDA device the JPEGs are decoded by nvImageCodec's GPU decoders
 (nvJPEG: the hardware decoder where the GPU has one, else CUDA, else its
 hybrid CPU + GPU path; ``pip install 'datapipes-torch[gpu]'`` adds the nvJPEG
 library), on torch's current CUDA stream, into uint8 ``(3, H, W)`` tensors on
-that device; a crop and a normalize after it run on the device too. On
+that device. :class:`EncodedCrop` and :func:`decode_crops` serve
+``random_resized_crop(on_device=True)``: ``to_device()`` decodes a batch's
+boxes in one call and resizes them on the device. On
 ``"cpu"`` the same code path runs through nvImageCodec's CPU decoder (Pillow's
 pixels, tested), which is how the path is tested on a machine without a GPU.
 
-nvJPEG's pixels are not libjpeg's: its IDCT and chroma upsampling differ by a
-level or two on some pixels (``benchmarks/gpu_check.sh`` reports how far on the
-machine it runs on). A file the device decoder refuses (damaged, CMYK,
+nvJPEG's pixels need not be libjpeg's: its IDCT and chroma upsampling may
+differ slightly (``benchmarks/gpu_check.sh`` reports how far on the machine it
+runs on; not measured yet). A file the device decoder refuses (damaged, CMYK,
 unusual layouts) is decoded by the CPU backends (:func:`nodes.jpeg.jpeg_backend`)
 and copied to the device, so the pixels, or the error, are theirs.
 """
