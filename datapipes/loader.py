@@ -42,7 +42,7 @@ from datapipes.workers import (
 )
 from nodes import Context, Node
 from nodes.errors import InvalidStateError, StateMismatchError  # noqa: F401 - re-exported
-from nodes.worker_bundles import check_items_per_transfer
+from nodes.worker_bundles import AUTO, bundled, check_items_per_transfer
 
 
 class Loader(LoaderCheckpoints, LoaderReports):
@@ -69,8 +69,10 @@ class Loader(LoaderCheckpoints, LoaderReports):
     ``StatefulDataLoader``; ``prefetch_factor``, ``timeout``,
     ``multiprocessing_context``, ``worker_init_fn``, ``persistent_workers`` and
     ``snapshot_every_n_steps`` go to it), with ``pin_memory()``, ``to_device()``
-    and what follows them in this process; ``items_per_transfer=K`` items per
-    DataLoader transfer (for small items; order: runs of ``K`` per worker);
+    and what follows them in this process; ``items_per_transfer``: items per
+    DataLoader transfer, ``"auto"`` (default: up to 16, an item of 256 KiB or
+    more alone, decided by the items, never a clock) or ``K`` (order: runs of a
+    transfer's items per worker in turn);
     ``even_batches`` (default: on under ``torch.distributed`` with several
     ranks): every rank yields as many items, the surplus dropped with a
     :class:`datapipes.UnevenDataWarning`, so a DDP job never hangs in a
@@ -100,12 +102,14 @@ class Loader(LoaderCheckpoints, LoaderReports):
         store: Any = None,
         dispatch_unit_items: int = DEFAULT_UNIT_ITEMS,
         dispatch_lease_seconds: float | None = None,
-        items_per_transfer: int = 1,
+        items_per_transfer: int | str = AUTO,
         **dataloader_options: Any,
     ) -> None:
         check_arguments(pipe, num_workers, dataloader_options)
+        if items_per_transfer == AUTO and dispatch_lease_seconds is not None:
+            items_per_transfer = 1  # leases count a rank's items in transfers (see below)
         self.items_per_transfer = check_items_per_transfer(items_per_transfer, num_workers)
-        if items_per_transfer > 1 and dispatch_lease_seconds is not None:
+        if bundled(self.items_per_transfer) and dispatch_lease_seconds is not None:
             raise ValueError(
                 "dispatch_lease_seconds counts a taken-over rank's delivered items in "
                 "DataLoader transfers, which items_per_transfer > 1 groups: use one or the other"

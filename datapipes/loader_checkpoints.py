@@ -26,7 +26,7 @@ class LoaderCheckpoints:
     world_size: int
     num_workers: int
     seed: int
-    items_per_transfer: int
+    items_per_transfer: int | str
     even_batches: bool
     _fingerprint: str
     _steps: list[str]

@@ -25,7 +25,7 @@ from nodes.handover import inline_small_tensors
 from nodes.state_checks import expect_equal, expect_int, expect_keys
 from nodes.stats import graph_stats
 from nodes.trace import worker_recorder
-from nodes.worker_bundles import bundles
+from nodes.worker_bundles import TransferRule, bundled, bundles
 from nodes.worker_errors import carry
 
 #: What ``next`` returns from a graph that has no item left.
@@ -81,10 +81,10 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # Only where the DataLoader's collate passes items through unchanged (a Loader's
         # workers): a collating DataLoader would meet the wrappers instead of tensors.
         self.inline_tensors = inline_tensors
-        # Items a DataLoader worker sends per transfer (a Loader's items_per_transfer): > 1,
-        # lists of that many (see nodes.worker_bundles), which the Loader's workers node
-        # deals out again; 1 (also under a user's own DataLoader): one item per transfer.
-        self.items_per_transfer = 1
+        # Items a DataLoader worker sends per transfer (a Loader's items_per_transfer): > 1
+        # or "auto", lists (see nodes.worker_bundles), which the Loader's workers node deals
+        # out again; 1 (also under a user's own DataLoader): one item per transfer.
+        self.items_per_transfer: int | str = 1
         # The file listings its graphs read (a Loader sets them before starting workers, so
         # no worker lists the files again); None: each copy lists for itself.
         self.listings: Listings | None = None
@@ -184,10 +184,17 @@ class TorchDataset(torch.utils.data.IterableDataset):
             root.reset(None if pending is None else pending["node"])
             self._root = root
             items: Iterator[Any] = iter(root)
+            if bundled(self.items_per_transfer) and in_worker:
+                # Formed from the items as the pipeline made them (the rule may weigh
+                # them), each item then prepared to travel on its own.
+                rule = TransferRule(self.items_per_transfer)
+                sent: Iterator[Any] = bundles(items, rule, ctx.worker_id)
+                if self.inline_tensors:
+                    sent = (list(map(inline_small_tensors, bundle)) for bundle in sent)
+                yield from sent
+                return
             if self.inline_tensors and in_worker:
                 items = map(inline_small_tensors, items)
-            if self.items_per_transfer > 1 and in_worker:
-                items = bundles(items, self.items_per_transfer, ctx.worker_id)
             yield from items
         except Exception as error:
             if not in_worker:

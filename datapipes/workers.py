@@ -17,6 +17,7 @@ from nodes import Context, Node
 from nodes.base import walk_graph
 from nodes.batch import drop_counts
 from nodes.errors import add_losses, loss_counts, skip_counts
+from nodes.worker_bundles import AUTO
 from nodes.workers import WorkerStreamNode
 
 
@@ -32,7 +33,7 @@ class InWorkers(DataPipe[Any]):
 
     def stats_label(self) -> str:
         per = self._dataset.items_per_transfer  # type: ignore[attr-defined]
-        sent = f", {per} items per transfer" if per > 1 else ""
+        sent = f", {per} items per transfer" if per not in (1, AUTO) else ""
         return f"DataLoader workers ({self.args[1]} processes{sent})"
 
     def _build(self, ctx: Context) -> Node[Any]:
@@ -55,7 +56,7 @@ def runtime_recipe(
     options: dict[str, Any],
     *,
     stats: bool = False,
-    items_per_transfer: int = 1,
+    items_per_transfer: int | str = 1,
 ) -> DataPipe[Any]:
     """The recipe a Loader builds: ``pipe`` itself without workers, else ``pipe`` with
     everything before its main-process steps moved into worker processes.

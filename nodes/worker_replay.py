@@ -2,8 +2,9 @@
 
 A :class:`torchdata` ``StatefulDataLoader`` state holds every worker's state
 at its last snapshot and how many transfers the main process took since, from
-the workers in turn (a transfer is one item, or up to ``items_per_transfer``;
-a worker at the end of its share sends fewer, then none). Replaying those
+the workers in turn (a transfer is one item, or a bundle that
+``items_per_transfer``'s rule closes, see :mod:`nodes.worker_bundles`; a
+worker at the end of its share sends fewer, then none). Replaying those
 transfers on each worker's graph, rebuilt as that worker built it, gives each
 worker's position after the last item the main process returned from it: what
 an elastic resume converts (see :mod:`datapipes.resume.remaining`).
@@ -18,6 +19,7 @@ from nodes import torchdata_adapter as torchdata
 from nodes.base import Node
 from nodes.batch import drop_counts
 from nodes.errors import InvalidStateError
+from nodes.worker_bundles import TransferRule, item_bytes, max_items
 
 #: A worker that had ended its share: it holds nothing more.
 ENDED = object()
@@ -26,7 +28,7 @@ ENDED = object()
 def worker_positions(
     build: Callable[[int], Node[Any]],
     num_workers: int,
-    items_per_transfer: int,
+    items_per_transfer: int | str,
     loader_state: dict[str, Any],
     taken: int,
     path: str,
@@ -64,20 +66,28 @@ def worker_positions(
         turn = 0 if summary["last_worker"] is None else (summary["last_worker"] + 1) % num_workers
         exhausted = [False] * num_workers  # a worker that sent a short bundle sends no more
 
-        def transfer(worker: int, limit: int) -> int:
-            count = 0
-            while count < limit and not exhausted[worker]:
-                if next(iter(roots[worker]), ENDED) is ENDED:
+        rule = TransferRule(items_per_transfer)
+        measures = rule.measures()
+
+        def transfer(worker: int, limit: int | None) -> int:
+            """Items of one transfer of ``worker``: a bundle as ``rule`` closes it, or
+            (``limit``) the first that many of the bundle begun (fewer: it held fewer)."""
+            count = size = 0
+            while not exhausted[worker]:
+                item = next(iter(roots[worker]), ENDED)
+                if item is ENDED:
                     exhausted[worker] = True
                     break
                 count += 1
+                size += item_bytes(item) if measures else 0
+                if count == limit or rule.full(count, size):
+                    break
             return count
 
-        if not 0 <= taken < items_per_transfer:
-            raise InvalidStateError(
-                f"{path}.taken", f"an int in [0, {items_per_transfer - 1}]", taken
-            )
-        limits = [items_per_transfer] * summary["steps_since"] + ([taken] if taken else [])
+        most = max_items(items_per_transfer)
+        if not 0 <= taken < most:
+            raise InvalidStateError(f"{path}.taken", f"an int in [0, {most - 1}]", taken)
+        limits: list[int | None] = [None] * summary["steps_since"] + ([taken] if taken else [])
         for index, limit in enumerate(limits):
             count = 0
             for _ in range(num_workers):

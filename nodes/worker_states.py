@@ -12,6 +12,8 @@ from typing import Any
 from nodes import torchdata_adapter as torchdata
 from nodes.errors import MISSING, InvalidStateError
 from nodes.state_checks import at, expect_bool, expect_int, expect_keys
+from nodes.worker_bundles import bundled as is_bundled
+from nodes.worker_bundles import max_items
 
 
 def validate_workers_state(
@@ -23,28 +25,34 @@ def validate_workers_state(
     *,
     snapshot_every: int,
     max_replay: int = 0,
-    items_per_transfer: int = 1,
+    items_per_transfer: int | str = 1,
 ) -> None:
     """Refuse a :class:`nodes.WorkerStreamNode` state its workers could not resume exactly.
 
     ``dataset`` (a :class:`datapipes.TorchDataset`) checks each worker's part;
     ``max_replay``: the most items a state may replay after its snapshot, when more
     than the snapshot interval allows (a state rebuilt after a worker died);
-    ``items_per_transfer`` > 1: the state also says how many items of the bundle
-    after its DataLoader position were taken (fewer than a bundle holds), and (states
-    saved since it was recorded) how many a bundle holds.
+    ``items_per_transfer`` > 1 or ``"auto"``: the state also says how many items of
+    the bundle after its DataLoader position were taken (fewer than a bundle holds),
+    and (states saved since it was recorded) how many a bundle holds.
     """
-    bundled = {"taken"} if items_per_transfer > 1 else set()
-    recorded = {"items_per_transfer"} if items_per_transfer > 1 else set()  # not always
+    bundles = is_bundled(items_per_transfer)
+    bundled = {"taken"} if bundles else set()
+    recorded = {"items_per_transfer"} if bundles else set()  # not always
     expect_keys(state, path, {"ended"}, optional={"dataloader", *bundled, *recorded})
     if expect_bool(state, "ended", path):
         expect_keys(state, path, {"ended"})  # an ended epoch holds nothing more
         return
     expect_keys(state, path, {"ended", "dataloader", *bundled}, optional=recorded)
     if bundled:
-        expect_int(state, "taken", path, 0, items_per_transfer - 1)
-    if "items_per_transfer" in state:
-        expect_int(state, "items_per_transfer", path, items_per_transfer, items_per_transfer)
+        expect_int(state, "taken", path, 0, max_items(items_per_transfer) - 1)
+    recorded_value = state.get("items_per_transfer", items_per_transfer)
+    if type(recorded_value) is not type(items_per_transfer) or recorded_value != items_per_transfer:
+        raise InvalidStateError(
+            at(path, "items_per_transfer"),
+            f"{items_per_transfer!r} (this Loader's items_per_transfer)",
+            state["items_per_transfer"],
+        )
     where = at(path, "dataloader")
     checked = torchdata.check_dataloader_state(
         state["dataloader"], num_workers, snapshot_every, where, max_replay=max_replay

@@ -16,7 +16,7 @@ from nodes.exit_close import close_at_exit, closed
 from nodes.origins import OriginReader, reads_ahead
 from nodes.parent_watch import WatchMainProcess
 from nodes.rng import stable_hash
-from nodes.worker_bundles import FailedInBundle
+from nodes.worker_bundles import FailedInBundle, bundled
 from nodes.worker_states import validate_workers_state
 
 #: The main process snapshots the workers' states every ``SNAPSHOT_EVERY``
@@ -124,14 +124,15 @@ class WorkerStreamNode(Node):
     are computed again). Errors in a worker are raised here with the worker's
     traceback; a worker that dies ends the epoch with an error naming it.
 
-    ``items_per_transfer=K > 1``: the dataset sends lists of up to ``K`` items
-    (see :mod:`nodes.worker_bundles`), dealt out here one by one, so the
-    DataLoader's steps count bundles and the order is runs of ``K`` items per
+    ``items_per_transfer=K > 1`` or ``"auto"``: the dataset sends lists of up
+    to ``K`` items (``"auto"``: up to 16, fewer when they are big; see
+    :mod:`nodes.worker_bundles`), dealt out here one by one, so the
+    DataLoader's steps count bundles and the order is runs of a bundle per
     worker in turn. The state adds ``"taken"``: items of the current bundle
     already returned, with the DataLoader's state as of *before* that bundle
     (a resume computes the bundle again and skips them); ``0`` with the state
     after the last bundle when it was used up; and ``"items_per_transfer"``:
-    ``K`` (states saved without it are read as before).
+    ``K`` or ``"auto"`` (states saved without it are read as before).
     """
 
     kind = "workers"
@@ -145,13 +146,14 @@ class WorkerStreamNode(Node):
         num_workers: int,
         epoch: Callable[[], int],
         *,
-        items_per_transfer: int = 1,
+        items_per_transfer: int | str = 1,
         **options: Any,
     ) -> None:
         super().__init__()
         if num_workers < 1:
             raise ValueError(f"WorkerStreamNode needs num_workers >= 1, got {num_workers}")
         self._per_transfer = items_per_transfer
+        self._bundles = bundled(items_per_transfer)
         # With bundles: the current one, how many of its items were returned, the
         # DataLoader's state before it, and items to skip in the first one after a resume.
         self._bundle: list[Any] | None = None
@@ -232,7 +234,7 @@ class WorkerStreamNode(Node):
             self._returned = summary["snapshot_step"] + summary["steps_since"]
 
     def __next__(self) -> Any:
-        if self._per_transfer > 1:
+        if self._bundles:
             return self._next_of_bundle()
         return self._next_transfer()
 
@@ -334,7 +336,7 @@ class WorkerStreamNode(Node):
         inside = self._inside_bundle()
         if inside is not None:
             return inside
-        taken = self._bundled(0) if self._per_transfer > 1 else {}
+        taken = self._bundled(0) if self._bundles else {}
         for state in (self._loader.state_dict(), self._last_good):
             at = torchdata.at_step(state, self._returned)
             if at is not None:
@@ -381,7 +383,7 @@ class WorkerStreamNode(Node):
         if self._ended or self._loader is None:
             return {"ended": self._ended}
         state = {"ended": False, "dataloader": _without_stats(self._loader.state_dict())}
-        if self._per_transfer > 1:
+        if self._bundles:
             return self._inside_bundle() or {**state, **self._bundled(0)}
         return state
 
@@ -396,8 +398,9 @@ class WorkerStreamNode(Node):
         return self._num_workers
 
     @property
-    def items_per_transfer(self) -> int:
-        """How many items a worker sends per DataLoader transfer (1: one at a time)."""
+    def items_per_transfer(self) -> int | str:
+        """How many items a worker sends per DataLoader transfer (1: one at a time; ``K``:
+        up to ``K``; ``"auto"``: see :mod:`nodes.worker_bundles`)."""
         return self._per_transfer
 
     def worker_states(self) -> list[Any]:

@@ -325,8 +325,8 @@ def test_steps_after_to_device_run_in_the_main_process_with_workers():
     per_worker = [
         [sum(3 * x for x in range(w, 20, 2)[i : i + 4]) for i in range(0, 10, 4)] for w in (0, 1)
     ]
-    expected = [s for pair in zip(*per_worker) for s in pair]
-    with dp.Loader(pipe, num_workers=2) as loader:
+    expected = [s for pair in zip(*per_worker) for s in pair]  # one item a transfer
+    with dp.Loader(pipe, num_workers=2, items_per_transfer=1) as loader:
         assert [int(x) for x in loader] == expected
 
 
@@ -377,7 +377,7 @@ def test_to_device_with_workers_resumes_exactly(position):
 def test_items_keep_their_types_through_worker_processes():
     pipe = dp.range(6).map(plain_item).to_device("cpu")
     expected = list(dp.Loader(pipe))
-    with dp.Loader(pipe, num_workers=2) as loader:
+    with dp.Loader(pipe, num_workers=2, items_per_transfer=1) as loader:  # in the same order
         out = list(loader)
     assert all(same(a, b) for a, b in zip(out, expected)), (out[1], expected[1])
 
@@ -433,7 +433,8 @@ def test_apply_to_tensors_keeps_fields_that_init_does_not_take():
 def test_repeat_after_a_main_process_step_is_refused(num_workers):
     with pytest.raises(ValueError, match=r"put repeat\(\) before them"):
         dp.Loader(dp.range(8).shuffle().to_device("cpu").repeat(2), num_workers=num_workers)
-    rounds = list(dp.Loader(dp.range(8).shuffle().repeat(2).to_device("cpu"), num_workers=2))
+    pipe = dp.range(8).shuffle().repeat(2).to_device("cpu")
+    rounds = list(dp.Loader(pipe, num_workers=2, items_per_transfer=1))  # round by round
     assert sorted(rounds[:8]) == sorted(rounds[8:]) == list(range(8))
 
 

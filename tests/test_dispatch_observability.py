@@ -442,8 +442,10 @@ def test_stats_and_inspect_with_two_workers_list_both_workers(recipe, tmp_path, 
         loader.close()
     assert sum(counts.values()) == total
 
-    # Snapshots every 4 batches: each worker's position is in the checkpoint.
-    options = {"num_workers": 2, "snapshot_every_n_steps": 4}
+    # Snapshots every 4 batches: each worker's position is in the checkpoint. One batch a
+    # transfer: the workers claim ahead only what they prefetch one by one, so rank 0's
+    # 40 batches leave rank 1 its 30.
+    options = {"num_workers": 2, "snapshot_every_n_steps": 4, "items_per_transfer": 1}
     paths = save_job(tmp_path, "workers", pipe, [40, 30], **options)
     records = records_of(paths)
     code, out = inspect(capsys, *paths, "--recipe", f"{recipe}:records", "--world-size", "3")

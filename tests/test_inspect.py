@@ -162,7 +162,8 @@ def test_missing_file_is_a_usage_error_naming_the_path(tmp_path, capsys):
 @pytest.mark.slow
 def test_two_workers_show_each_worker_and_the_next_one(recipe, tmp_path, capsys):
     path, pipe = recipe
-    state = mid_epoch_state(pipe, 45, num_workers=2)  # past the first snapshot (32 items)
+    # past the first snapshot (32 items, at one item a transfer)
+    state = mid_epoch_state(pipe, 45, num_workers=2, items_per_transfer=1)
     torch.save({"data": state}, tmp_path / "ckpt.pt")
 
     code, out, _ = run_main(capsys, str(tmp_path / "ckpt.pt"), "--recipe", f"{path}:pipe")
@@ -186,6 +187,19 @@ def test_two_workers_show_each_worker_and_the_next_one(recipe, tmp_path, capsys)
         assert f"file={reader['file']}" in block.split("\n      worker", 1)[0]
     # with the recipe, each worker's levels carry its steps
     assert out.count(".shuffle(buffer_size=16).batch(4) (buffer shuffle)") == 2
+
+
+@pytest.mark.slow
+def test_transfers_of_several_items_are_counted_as_transfers(recipe, tmp_path, capsys):
+    path, pipe = recipe
+    state = mid_epoch_state(pipe, 21, num_workers=2)  # items_per_transfer="auto"
+    torch.save({"data": state}, tmp_path / "ckpt.pt")
+    code, out, _ = run_main(capsys, str(tmp_path / "ckpt.pt"), "--recipe", f"{path}:pipe")
+    assert code == 0, out
+    node = node_of(state)
+    assert "transfers returned since" in out and "items returned since" not in out
+    taken = node["taken"]
+    assert f"{taken} item(s) of that transfer returned already (items_per_transfer=auto)" in out
 
 
 def test_json_file_and_nested_paths(recipe, tmp_path, capsys):

@@ -55,11 +55,11 @@ def test_setup_counts_consumers_and_builds_their_contexts() -> None:
 @pytest.mark.parametrize("claimed", [10**15, 0, 3, 1])
 def test_a_topology_that_contradicts_the_workers_snapshots_is_refused(claimed: int) -> None:
     pipe = dp.range(700).shuffle(buffer_size=16)
-    state = _mid_epoch(pipe, 74, num_workers=2)
+    state = _mid_epoch(pipe, 74, num_workers=2, items_per_transfer=1)
     state["topology"]["num_workers"] = claimed
     for workers in (0, 2):
         with pytest.raises(dp.InvalidStateError, match=r"topology.num_workers") as refused:
-            dp.Loader(pipe, num_workers=workers).load_state_dict(state)
+            dp.Loader(pipe, num_workers=workers, items_per_transfer=1).load_state_dict(state)
         assert 'ranks["0"].node' in str(refused.value)  # both places named
 
 

@@ -53,7 +53,12 @@ def loader_outputs(pipe, world_size: int, num_workers: int, seed: int = 0, epoch
     per_rank = []
     for rank in range(world_size):
         with dp.Loader(
-            pipe, seed=seed, rank=rank, world_size=world_size, num_workers=num_workers
+            pipe,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            num_workers=num_workers,
+            items_per_transfer=1,  # the workers' order is then round_robin's
         ) as loader:
             per_rank.append([list(loader) for _ in range(epochs)])
     return [[per_rank[r][e] for r in range(world_size)] for e in range(epochs)]

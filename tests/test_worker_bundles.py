@@ -17,7 +17,7 @@ import torch
 import datapipes as dp
 from datapipes.resume.schema import check_envelope, node_digest
 from nodes.errors import InvalidStateError
-from nodes.worker_bundles import FailedInBundle, bundles
+from nodes.worker_bundles import AUTO_BYTES, FailedInBundle, TransferRule, bundles, item_bytes
 from nodes.worker_errors import carry
 from tests.helpers import file_store
 
@@ -58,14 +58,19 @@ def tagged_pipe(n: int = 53, batch: int = 3) -> dp.DataPipe[Any]:
     return dp.range(n).shuffle(buffer_size=7).batch(batch, drop_last=True).map(tag)
 
 
-def runs_of(per_worker: dict[int, list[Any]], workers: int, k: int) -> list[Any]:
-    """The order K-item transfers give: runs of ``k`` per worker in turn, skipping ended."""
+def runs_of(per_worker: dict[int, list[Any]], workers: int, k: int | str) -> list[Any]:
+    """The order transfers give: a transfer's run per worker in turn, skipping ended (a
+    transfer of ``k`` items, or as ``"auto"`` closes it: 16 items, or 256 KiB of them)."""
+    rule = TransferRule(k)
     queues = {w: list(per_worker.get(w, [])) for w in range(workers)}
     order: list[Any] = []
     while any(queues.values()):
         for w in range(workers):
-            order.extend(queues[w][:k])
-            queues[w] = queues[w][k:]
+            count = size = 0
+            while queues[w] and not rule.full(count, size):
+                item = queues[w].pop(0)
+                order.append(item)
+                count, size = count + 1, size + item_bytes(item)
     return order
 
 
@@ -89,13 +94,13 @@ def run(loader: dp.Loader, limit: int | None = None) -> list[Any]:
 
 
 def test_bundles_group_items_and_keep_the_short_last_one() -> None:
-    assert list(bundles(iter(range(7)), 3, 0)) == [[0, 1, 2], [3, 4, 5], [6]]
-    assert list(bundles(iter(range(6)), 3, 0)) == [[0, 1, 2], [3, 4, 5]]
-    assert list(bundles(iter([]), 3, 0)) == []
+    assert list(bundles(iter(range(7)), TransferRule(3), 0)) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert list(bundles(iter(range(6)), TransferRule(3), 0)) == [[0, 1, 2], [3, 4, 5]]
+    assert list(bundles(iter([]), TransferRule(3), 0)) == []
 
 
 def test_an_error_mid_bundle_follows_the_items_before_it_and_pickles_as_itself() -> None:
-    got = list(bundles(map(fail_at_7, range(10)), 4, 1))
+    got = list(bundles(map(fail_at_7, range(10)), TransferRule(4), 1))
     assert [b[:-1] if isinstance(b[-1], FailedInBundle) else b for b in got] == [
         [0, 1, 2, 3],
         [4, 5, 6],
@@ -108,7 +113,7 @@ def test_an_error_mid_bundle_follows_the_items_before_it_and_pickles_as_itself()
     assert "DataLoader worker process 1" in str(again.error.__cause__)
     # An error before any item of a bundle is raised as it is (the one-item path).
     with pytest.raises(Boom):
-        list(bundles(map(fail_at_7, range(10)), 7, 0))
+        list(bundles(map(fail_at_7, range(10)), TransferRule(7), 0))
 
 
 def test_carried_errors_still_rebuild_as_themselves() -> None:
@@ -121,8 +126,8 @@ def test_bad_values_are_refused_saying_what_to_pass() -> None:
     for bad in (0, -2):
         with pytest.raises(ValueError, match="items_per_transfer must be an int >= 1"):
             dp.Loader(pipe, num_workers=2, items_per_transfer=bad)
-    for bad in (2.0, "4", True, None):
-        with pytest.raises(TypeError, match="items_per_transfer must be an int >= 1"):
+    for bad in (2.0, "4", True, None, "Auto"):
+        with pytest.raises(TypeError, match="items_per_transfer must be 'auto' or an int >= 1"):
             dp.Loader(pipe, num_workers=2, items_per_transfer=bad)
     with pytest.raises(ValueError, match="set num_workers > 0"):
         dp.Loader(pipe, items_per_transfer=4)
@@ -138,16 +143,32 @@ def test_bad_values_are_refused_saying_what_to_pass() -> None:
             dispatch_lease_seconds=5,
             items_per_transfer=2,
         )
-    dp.Loader(pipe, items_per_transfer=1)  # the default, also without workers
+    dp.Loader(pipe, items_per_transfer=1)
+    assert dp.Loader(pipe).items_per_transfer == 1  # "auto" without workers: one at a time
+    assert dp.Loader(pipe, num_workers=2).items_per_transfer == "auto"
+    leased = dp.Loader(
+        pipe,
+        rank=0,
+        world_size=2,
+        num_workers=1,
+        even_batches=False,
+        dispatch="dynamic",
+        store=file_store(),
+        dispatch_lease_seconds=5,
+    )
+    assert leased.items_per_transfer == 1  # leases count items in transfers: one at a time
 
 
 def test_the_topology_records_k_only_when_it_is_not_one() -> None:
-    one = dp.Loader(dp.range(4), num_workers=2).state_dict()
+    one = dp.Loader(dp.range(4), num_workers=2, items_per_transfer=1).state_dict()
     assert "items_per_transfer" not in one["topology"]
+    auto = dp.Loader(dp.range(4), num_workers=2).state_dict()
+    assert auto["topology"]["items_per_transfer"] == "auto"
+    check_envelope(auto)
     four = dp.Loader(dp.range(4), num_workers=2, items_per_transfer=4).state_dict()
     assert four["topology"]["items_per_transfer"] == 4
     check_envelope(four)
-    for bad, workers in ((1, 2), (0, 2), ("4", 2), (4, 0)):
+    for bad, workers in ((1, 2), (0, 2), ("4", 2), (4, 0), ("AUTO", 2), ("auto", 0), (4.0, 2)):
         state = json.loads(json.dumps(four))
         state["topology"].update(items_per_transfer=bad, num_workers=workers)
         with pytest.raises(InvalidStateError, match="items_per_transfer"):
@@ -158,12 +179,16 @@ def test_the_topology_records_k_only_when_it_is_not_one() -> None:
 
 
 @pytest.mark.slow
-def test_k_1_is_todays_path_item_for_item_and_state_for_state() -> None:
+def test_auto_is_16_small_items_a_transfer_and_states_record_it() -> None:
     pipe = tagged_pipe()
     a = dp.Loader(pipe, seed=SEED, num_workers=2)
-    b = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=1)
+    b = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=16)
+    assert run(a) == run(b)  # batches of 3 ints: far below 256 KiB in 16
+    a, b = dp.Loader(pipe, seed=SEED, num_workers=2), dp.Loader(pipe, seed=SEED, num_workers=2)
     assert run(a, 5) == run(b, 5)
-    assert json.dumps(a.state_dict()) == json.dumps(b.state_dict())
+    state = a.state_dict()
+    assert state["topology"]["items_per_transfer"] == "auto"
+    assert json.dumps(state) == json.dumps(b.state_dict())
     a.close()
     b.close()
 
@@ -172,7 +197,7 @@ def test_k_1_is_todays_path_item_for_item_and_state_for_state() -> None:
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_order_is_runs_of_k_per_worker_and_every_item_once(workers: int) -> None:
     pipe = tagged_pipe()
-    one = run(dp.Loader(pipe, seed=SEED, num_workers=workers))
+    one = run(dp.Loader(pipe, seed=SEED, num_workers=workers, items_per_transfer=1))
     shares = per_worker([tuple(x) for x in one])
     assert sorted(shares) == list(range(workers))
     for k in (2, 5):
@@ -201,6 +226,62 @@ def test_resume_mid_bundle_on_the_same_topology_is_exact(workers: int, k: int) -
         resumed.load_state_dict(state)
         assert run(resumed) == whole[stop:], (stop, k, workers)
         assert resumed.dropped() == dropped, (stop, k, workers)
+
+
+def sized(i: int) -> tuple[int, Any]:
+    """Item ``i``, tagged with its worker: every 5th holds 100 KiB, every 11th 300 KiB."""
+    kib = 300 if i % 11 == 0 else 100 if i % 5 == 0 else 1
+    return tag((i, torch.full((kib * 1024,), i % 100, dtype=torch.uint8)))
+
+
+def digest(item: Any) -> Any:
+    worker, (i, pixels) = item
+    return [worker, i, int(pixels.numel()), int(pixels[0])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [2, 3])
+def test_auto_closes_transfers_by_the_items_bytes_the_same_in_every_run(workers: int) -> None:
+    pipe = dp.range(90).shuffle(buffer_size=6).map(sized)
+    one = list(dp.Loader(pipe, seed=SEED, num_workers=workers, items_per_transfer=1))
+    expected = [digest(x) for x in runs_of(per_worker(one), workers, "auto")]
+    assert expected != [digest(x) for x in one]  # bundles of several items, and of one
+    for _ in range(2):
+        got = [digest(x) for x in dp.Loader(pipe, seed=SEED, num_workers=workers)]
+        assert got == expected
+
+
+@pytest.mark.slow
+def test_auto_resumes_mid_bundle_exactly_and_elsewhere_each_item_once() -> None:
+    pipe = dp.range(90).shuffle(buffer_size=6).map(sized)
+    options = {"num_workers": 2, "snapshot_every_n_steps": 2}
+    whole = [digest(x) for x in dp.Loader(pipe, seed=SEED, **options)]
+    for stop in (1, 7, 16, 17, 40, 88):
+        loader = dp.Loader(pipe, seed=SEED, **options)
+        before = [digest(x) for _, x in zip(range(stop), loader)]
+        assert before == whole[:stop]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        resumed = dp.Loader(pipe, seed=SEED, **options)
+        resumed.load_state_dict(state)
+        assert before + [digest(x) for x in resumed] == whole, stop
+        # On another topology: the replayed bundles are closed by the same rule.
+        for other in ({"num_workers": 3}, {"num_workers": 0}, {"num_workers": 1}):
+            moved = dp.Loader(pipe, seed=SEED, **other)
+            moved.load_state_dict(state)
+            after = [digest(x)[1] for x in moved]
+            assert sorted([d[1] for d in before] + after) == list(range(90)), (stop, other)
+
+
+def test_auto_weighs_tensors_arrays_bytes_and_text() -> None:
+    rule = TransferRule("auto")
+    assert not rule.full(15, AUTO_BYTES - 1) and rule.full(16, 0) and rule.full(1, AUTO_BYTES)
+    assert TransferRule(4).full(4, 0) and not TransferRule(4).full(3, 10**9)
+    items = [{"x": torch.zeros(40 * 1024, dtype=torch.uint8)} for _ in range(10)]  # 40 KiB
+    assert [len(b) for b in bundles(iter(items), rule, 0)] == [7, 3]
+    texts = ["a" * 100_000, b"b" * 100_000, bytearray(100_000)]
+    assert [len(b) for b in bundles(iter(texts * 2), rule, 0)] == [3, 3]
+    assert item_bytes([[[[[torch.zeros(9)]]]]]) == 0  # deeper than 4: not weighed
 
 
 @pytest.mark.slow
@@ -254,7 +335,7 @@ def test_elastic_resume_from_a_bundled_state_delivers_each_item_once() -> None:
 @pytest.mark.slow
 def test_a_plain_state_resumes_on_bundles_elsewhere_each_item_once() -> None:
     pipe = dp.range(40).shuffle(buffer_size=5).batch(2).map(tag)
-    loader = dp.Loader(pipe, seed=SEED, num_workers=2)
+    loader = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=1)
     before = run(loader, 5)
     state = loader.state_dict()
     loader.close()

@@ -137,7 +137,10 @@ def test_from_iterable_as_torch_dataset_in_two_workers_raises_in_the_main_proces
 @pytest.mark.slow
 def test_a_worker_exception_reaches_the_main_process_with_its_traceback():
     got = []
-    with dp.Loader(dp.range(40).map(fail_on_13), num_workers=2) as loader:
+    # One item a transfer: the items before the error are then every one before 13 (with
+    # bundles, those of the bundle before it: tests/test_worker_bundles.py).
+    loader = dp.Loader(dp.range(40).map(fail_on_13), num_workers=2, items_per_transfer=1)
+    with loader:
         with pytest.raises(CorruptSampleError) as info:
             for item in loader:
                 got.append(item)
@@ -160,7 +163,7 @@ def test_a_worker_exception_reaches_the_main_process_with_its_traceback():
 def test_a_killed_worker_raises_worker_died_error_naming_it():
     before = snapshot()
     got = []
-    loader = dp.Loader(dp.range(40).map(die_on_9), num_workers=2)
+    loader = dp.Loader(dp.range(40).map(die_on_9), num_workers=2, items_per_transfer=1)
     with pytest.raises(dp.WorkerDiedError) as info:
         for item in loader:
             got.append(item)
@@ -209,7 +212,7 @@ def test_breaking_out_of_the_loop_mid_epoch_stops_the_workers():
             break
     gc.collect()
     assert_nothing_left(before)
-    assert list(loader) == list(range(500))  # the next epoch runs in full
+    assert sorted(loader) == list(range(500))  # the next epoch runs in full
     assert_nothing_left(before)
 
 
@@ -303,7 +306,12 @@ def worker_tag(x: int) -> str:
 def test_dataloader_options_are_passed_on_to_the_workers():
     pipe = dp.range(30).map(worker_tag)
     with dp.Loader(
-        pipe, num_workers=2, prefetch_factor=1, timeout=60, worker_init_fn=record_worker
+        pipe,
+        num_workers=2,
+        prefetch_factor=1,
+        timeout=60,
+        worker_init_fn=record_worker,
+        items_per_transfer=1,  # so items alternate between the workers
     ) as loader:
         got = list(loader)
     assert got == [f"{x} from worker {x % 2}" for x in range(30)]  # worker_init_fn ran
@@ -403,12 +411,13 @@ def test_a_checkpoint_with_other_even_batches_is_refused(num_workers):
 
 @pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_an_iterator_kept_from_before_close_ends(num_workers):
+    reference = list(dp.Loader(dp.range(10), num_workers=num_workers))
     loader = dp.Loader(dp.range(10), num_workers=num_workers)
     it = iter(loader)
     first = [next(it) for _ in range(3)]
     loader.close()
     assert list(it) == []  # not the rest of the epoch a second time
-    assert first + list(loader) == list(range(10))  # the Loader itself continues the epoch
+    assert first + list(loader) == reference  # the Loader itself continues the epoch
 
 
 @pytest.mark.slow
@@ -468,7 +477,7 @@ def test_an_idle_persistent_worker_killed_between_epochs_raises_at_the_next_epoc
     loader = dp.Loader(pipe, **options)
     first = list(loader)
     assert values(first) == reference[0]
-    pid = first[1][1]  # worker 1 gave the second item
+    pid = next(p for _, p in first if p != first[0][1])  # worker 0 gave the first item
     os.kill(pid, signal.SIGKILL)
     wait_dead(pid)
     busy_user_code(0.3)  # the SIGCHLD arrives here: nothing may be raised in user code
@@ -490,6 +499,7 @@ def test_an_idle_persistent_worker_killed_between_epochs_raises_at_the_next_epoc
 @pytest.mark.timeout(60)
 def test_a_worker_of_one_loader_killed_while_another_iterates_leaves_that_one_alone():
     pipe = dp.range(300).map(with_pid)
+    reference = values(list(dp.Loader(pipe, num_workers=2)))
     a = dp.Loader(pipe, num_workers=2)
     it_a = iter(a)
     head_a = [next(it_a) for _ in range(10)]  # A is mid-epoch, its workers idle
@@ -503,14 +513,15 @@ def test_a_worker_of_one_loader_killed_while_another_iterates_leaves_that_one_al
             if i == 21:
                 busy_user_code(0.2)
             got_b.append(item[0])
-    assert got_b == list(range(300))  # B went on unaffected
+    assert got_b == reference  # B went on unaffected
     with pytest.raises(dp.WorkerDiedError, match=rf"worker 0 \(pid {victim}, killed by SIGKILL"):
-        next(it_a)
+        for item in it_a:  # what A holds of its current transfer comes first
+            head_a.append(item)
     state = roundtrip_state(a.state_dict())
     a.close()
     resumed = dp.Loader(pipe, num_workers=2)
     resumed.load_state_dict(state)
-    assert values(head_a) + values(list(resumed)) == list(range(300))
+    assert values(head_a) + values(list(resumed)) == reference
     resumed.close()
 
 

@@ -115,7 +115,8 @@ def awkward_item(i: int) -> dict[str, Any]:
 def through_workers() -> tuple[list[Any], list[Any]]:
     """The same items from ``num_workers=0`` and from ``num_workers=2`` (one run each)."""
     pipe = dp.range(4).map(awkward_item)
-    return list(dp.Loader(pipe, num_workers=0)), list(dp.Loader(pipe, num_workers=2))
+    in_workers = dp.Loader(pipe, num_workers=2, items_per_transfer=1)  # the same order
+    return list(dp.Loader(pipe, num_workers=0)), list(in_workers)
 
 
 @pytest.mark.slow

@@ -335,6 +335,7 @@ def test_loader_resumes_exactly_with_workers(jsonl_files, recipe: str, num_worke
             "world_size": 1,
             "num_workers": num_workers,
             "even_batches": False,
+            **({"items_per_transfer": "auto"} if num_workers else {}),
         }
         assert list(state["ranks"]) == ["0"]
         resumed = dp.Loader(pipe, seed=seed, num_workers=num_workers)
@@ -604,9 +605,10 @@ def test_same_seed_and_workers_give_identical_streams(jsonl_files):
 
 
 def test_worker_output_interleaves_round_robin(jsonl_files):
-    """Batch k comes from worker k mod N while all workers have batches (documented order)."""
+    """One item a transfer: batch k comes from worker k mod N while all workers have batches
+    (the documented order; with several items a transfer: tests/test_worker_bundles.py)."""
     pipe = resume_recipe("files", jsonl_files)
-    workers = batch_workers(list(dp.Loader(pipe, num_workers=3)))
+    workers = batch_workers(list(dp.Loader(pipe, num_workers=3, items_per_transfer=1)))
     counts = Counter(workers)
     rounds = min(counts.values())
     assert workers[: 3 * rounds] == [0, 1, 2] * rounds

@@ -266,9 +266,14 @@ renamed = [list(dp.Loader(dp.range(1000).map(f).shuffle(), seed=7)) for f in (no
 assert renamed[0] == renamed[1]  # a renamed function moves no order
 assert dp.range(10).map(normalize).fingerprint() != dp.range(10).map(scale).fingerprint()
 
-# Worker processes compute the same permutation; dealt to 2 workers and interleaved back,
-# the global shuffle's stream is even item-for-item the in-process one.
-assert list(dp.Loader(pipe, seed=7, num_workers=2)) == list(dp.Loader(pipe, seed=7))
+# Worker processes compute the same permutation; dealt to 2 workers and interleaved back
+# one item at a time (items_per_transfer=1), the global shuffle's stream is even
+# item-for-item the in-process one. By default each worker sends runs of up to 16 items
+# (fewer transfers, much less CPU): the same items, in runs, the same in every run.
+one_by_one = dp.Loader(pipe, seed=7, num_workers=2, items_per_transfer=1)
+assert list(one_by_one) == list(dp.Loader(pipe, seed=7))
+runs = list(dp.Loader(pipe, seed=7, num_workers=2))
+assert sorted(runs) == list(range(1000)) and runs == list(dp.Loader(pipe, seed=7, num_workers=2))
 
 # A buffer shuffle is different: every consumer (rank x worker) shuffles its own share in
 # a buffer of its own, with its own random stream, so its order depends on how many

@@ -332,11 +332,14 @@ assert results[0] == results[1] == results[2]  # same samples, whatever the work
 #   workers import a lot); **`prefetch_factor`** (default 2) is how many
 #   items each worker computes ahead. Both go to the DataLoader:
 #   `dp.Loader(pipe, num_workers=4, persistent_workers=True, prefetch_factor=4)`.
-# - **`items_per_transfer=K`** for small items: every item that crosses from a
-#   worker to the training process costs about half a millisecond of CPU in
-#   the DataLoader's protocol, whatever its size. With records or small
-#   batches, let each worker send K at once; the order becomes runs of K per
-#   worker (the same every run), and checkpoints stay exact mid-run.
+# - **`items_per_transfer`**: every item that crosses from a worker to the
+#   training process costs a fraction of a millisecond of CPU in the
+#   DataLoader's protocol, whatever its size. So by default (`"auto"`) each
+#   worker sends up to 16 items at once, fewer when they hold 256 KiB (a
+#   batch of images travels alone); the order is runs of a transfer's items
+#   per worker (the same every run: the rule weighs the items, never a
+#   clock), and checkpoints stay exact mid-run. `items_per_transfer=1` sends
+#   one item at a time, `K` up to K.
 
 
 # %%
@@ -345,18 +348,19 @@ def double(i: int) -> int:
 
 
 small = dp.range(600).map(double)  # cheap, small items: the transfer is the cost
-plain = list(dp.Loader(small, num_workers=2))
-bundled = dp.Loader(small, num_workers=2, items_per_transfer=16)
+one_by_one = list(dp.Loader(small, num_workers=2, items_per_transfer=1))
+bundled = dp.Loader(small, num_workers=2)  # items_per_transfer="auto"
 stream = list(bundled)
-assert sorted(stream) == sorted(plain)  # the same items, in runs of 16 per worker
+assert sorted(stream) == sorted(one_by_one)  # the same items, in runs of 16 per worker
+assert stream[:17] == [4 * i for i in range(16)] + [2]
 it = iter(bundled)
 head = [next(it) for _ in range(40)]  # stop in the middle of a run of 16
 state = bundled.state_dict()
 bundled.close()
-again = dp.Loader(small, num_workers=2, items_per_transfer=16)
+again = dp.Loader(small, num_workers=2)
 again.load_state_dict(state)
 assert head + list(again) == stream  # resumed mid-run: nothing lost or repeated
-print(f"items_per_transfer=16: runs of 16 per worker, {stream[:3]}..., resumed after 40 items")
+print(f"auto: runs of 16 per worker, {stream[:3]}..., resumed after 40 items")
 
 # %% [markdown]
 # ## Your own DataLoader: `as_torch_dataset()`

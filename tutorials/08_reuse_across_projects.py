@@ -544,7 +544,9 @@ print(f"HF streaming over 2 ranks x 2 workers: {len(dp_tokens)} documents, each 
 # The usual hand-written dataset deals its files by DataLoader worker itself
 # (and, under DDP, by rank too). It is usually a loop over files, then over
 # lines, then a transform: exactly a recipe. The recipe gives the same
-# stream, here even in the same order under 2 workers, and adds what the
+# stream, here even in the same order under 2 workers when each worker sends
+# one item at a time as the class's DataLoader does (`items_per_transfer=1`;
+# by default a worker sends runs of up to 16 small items), and adds what the
 # class lacked: ranks, shuffling per epoch, and a checkpoint.
 
 
@@ -564,7 +566,7 @@ class HandWrittenDocuments(IterableDataset):
 
 by_hand = list(DataLoader(HandWrittenDocuments(files), batch_size=None, num_workers=2))
 recipe = dp.files(DEFAULT_FILES).read_jsonl().map(tokenize)
-assert by_hand == list(dp.Loader(recipe, num_workers=2))
+assert by_hand == list(dp.Loader(recipe, num_workers=2, items_per_transfer=1))
 print("hand-written IterableDataset and the recipe: the same stream under 2 workers")
 
 # %% [markdown]

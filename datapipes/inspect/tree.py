@@ -337,18 +337,27 @@ class Writer:
         workers = torchdata.worker_dataset_states(loader)
         where = torchdata.snapshot_summary(loader)
         count, since, step = where["num_workers"], where["steps_since"], where["snapshot_step"]
+        # Transfers of several items (items_per_transfer): the DataLoader counts transfers.
+        taken = level.state.get("taken")
+        unit = "transfer" if "taken" in level.state else "item"
         self.line(depth, f"{head}{count} worker processes")
         self.line(
             depth + 1,
-            f"snapshot after item {step} of the epoch; {since} items returned since, "
+            f"snapshot after {unit} {step} of the epoch; {since} {unit}s returned since, "
             "which a resume replays",
         )
         if where["last_worker"] is not None and count:
             following = (where["last_worker"] + 1 + since) % count
             self.line(
                 depth + 1,
-                f"next: item {step + since}, from worker {following} "
+                f"next: {unit} {step + since}, from worker {following} "
                 "(workers take turns while all of them have data)",
+            )
+        if unit == "transfer":
+            per = level.state.get("items_per_transfer", "?")
+            self.line(
+                depth + 1,
+                f"{taken} item(s) of that transfer returned already (items_per_transfer={per})",
             )
         if where["finished"]:
             self.line(depth + 1, "the DataLoader iterator has finished")

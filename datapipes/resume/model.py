@@ -32,8 +32,8 @@ class JobSetup:
     num_workers: int
     seed: int
     even_batches: bool = False
-    #: Items a DataLoader worker sends per transfer (only with workers).
-    items_per_transfer: int = 1
+    #: Items a DataLoader worker sends per transfer (only with workers): ``K`` or ``"auto"``.
+    items_per_transfer: int | str = 1
 
     @property
     def consumers_per_rank(self) -> int:

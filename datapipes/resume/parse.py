@@ -25,6 +25,7 @@ from datapipes.resume.schema import check_envelope, node_state, rank_path
 from nodes import torchdata_adapter as torchdata
 from nodes.base import UPSTREAM
 from nodes.errors import InvalidStateError, StateMismatchError
+from nodes.worker_bundles import bundled
 
 #: 5: a shard's state records its stream position (``"read"``), and a rank's entry may
 #: hold its consumers' plans after a resume on another topology (``"plans"``), or the
@@ -210,21 +211,22 @@ def _check_workers_against_setup(entry: RankEntry, setup: JobSetup) -> None:
             f"the DataLoader's state (topology.num_workers is {setup.num_workers})",
             "a position of a rank without workers",
         )
-    if has_loader and ("taken" in node) != (setup.items_per_transfer > 1):
+    if has_loader and ("taken" in node) != bundled(setup.items_per_transfer):
         # The items of the current transfer taken: recorded where a transfer holds several.
         expected = (
             f"the items taken of the current transfer (topology.items_per_transfer is "
             f"{setup.items_per_transfer})"
-            if setup.items_per_transfer > 1
+            if bundled(setup.items_per_transfer)
             else "no items taken of a transfer (topology.items_per_transfer is 1)"
         )
         raise InvalidStateError(f"{path}...taken", expected, node.get("taken", "none"))
     recorded = node.get("items_per_transfer") if has_loader else None
-    if recorded is not None and (type(recorded) is not int or recorded != setup.items_per_transfer):
+    expected = setup.items_per_transfer
+    if recorded is not None and (type(recorded) is not type(expected) or recorded != expected):
         # Recorded beside "taken" (states saved before it was are read as before).
         raise InvalidStateError(
             f"{path}...items_per_transfer",
-            f"{setup.items_per_transfer} (topology.items_per_transfer)",
+            f"{setup.items_per_transfer!r} (topology.items_per_transfer)",
             node["items_per_transfer"],
         )
     if not has_loader or not isinstance(node["dataloader"], dict) or not node["dataloader"]:

@@ -21,6 +21,7 @@ from typing import Any
 from nodes.elastic.pieces import check_positions, check_records
 from nodes.errors import InvalidStateError
 from nodes.state_checks import check_int, expect_bool, expect_int, expect_keys, is_int
+from nodes.worker_bundles import AUTO
 
 #: A bound for file indices where the listing is not known yet.
 ANY_FILE = 1 << 62
@@ -57,7 +58,9 @@ def check_envelope(state: dict[str, Any]) -> None:
         if not workers:
             where, value = "topology.items_per_transfer", topology["items_per_transfer"]
             raise InvalidStateError(where, "no entry (there are no workers)", value)
-        expect_int(topology, "items_per_transfer", "topology", 2)
+        per = topology["items_per_transfer"]
+        if not (per == AUTO and type(per) is str) and not (is_int(per) and per >= 2):
+            raise InvalidStateError("topology.items_per_transfer", "'auto' or an int >= 2", per)
     ranks = state["ranks"]
     idle = state.get("idle", [])
     if not isinstance(ranks, dict) or (not ranks and not idle):
