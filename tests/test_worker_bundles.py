@@ -273,6 +273,25 @@ def test_auto_resumes_mid_bundle_exactly_and_elsewhere_each_item_once() -> None:
             assert sorted([d[1] for d in before] + after) == list(range(90)), (stop, other)
 
 
+@pytest.mark.slow
+def test_a_checkpoint_of_one_item_a_transfer_resumes_under_auto_each_item_once() -> None:
+    # Saved before "auto" was the default: resumed as on another topology.
+    pipe = dp.range(100).shuffle(buffer_size=5).map(tag)
+    old = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=1)
+    it = iter(old)
+    head = [next(it) for _ in range(10)]
+    state = json.loads(json.dumps(old.state_dict()))
+    old.close()
+    assert "items_per_transfer" not in state["topology"]
+    resumed = dp.Loader(pipe, seed=SEED, num_workers=2)
+    resumed.load_state_dict(state)
+    assert sorted(x for _, x in head + list(resumed)) == list(range(100))
+    same = dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=1)
+    same.load_state_dict(state)  # the old setting: the old order goes on
+    whole = list(dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=1))
+    assert head + list(same) == whole
+
+
 def test_auto_weighs_tensors_arrays_bytes_and_text() -> None:
     rule = TransferRule("auto")
     assert not rule.full(15, AUTO_BYTES - 1) and rule.full(16, 0) and rule.full(1, AUTO_BYTES)
