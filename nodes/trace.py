@@ -33,9 +33,10 @@ FLUSH_SECONDS = 0.2
 MAX_SPANS = 200_000
 #: The prefix of a step's span: ``datapipes: map(decode)``.
 SPAN_PREFIX = "datapipes: "
-#: Which timed ``next()`` calls a step keeps as spans, after all of a pass's first 256: every
-#: one of at least LONG_SPAN seconds (a span costs about 3 us to note, merge and write: at
-#: most 3% of such a span), and one every SPAN_GAP seconds of the others.
+#: Which timed ``next()`` calls a step keeps as spans: all of a pass's first SPANS_ALL_FIRST,
+#: then every one of at least LONG_SPAN seconds (a span costs about 5 us to note, merge and
+#: write: at most 5% of such a span), and one every SPAN_GAP seconds of the others.
+SPANS_ALL_FIRST = 64
 LONG_SPAN = 100e-6
 SPAN_GAP = 0.002
 

@@ -105,8 +105,11 @@ def test_a_two_worker_trace_holds_every_step_of_both_workers_and_the_main_proces
         "datapipes: DataLoader workers (2 processes)",
         LOOP_WAIT,
     }
-    # The loop's waits: one per batch (every output of the Loader is timed).
-    assert sum(e["name"] == LOOP_WAIT for e in events) == len(batches)
+    # The loop's waits: every output of the Loader is timed; the first 64 are kept, then
+    # the long ones and one every 2 ms.
+    waits = [e for e in events if e["name"] == LOOP_WAIT]
+    assert 64 <= len(waits) <= len(batches)
+    assert sum(e["dur"] for e in waits) > 0
     # One clock: the workers' spans lie within the main process's trace, and end before
     # the main process received the last batch.
     main_spans = [e for e in events if e["pid"] == main]
