@@ -131,32 +131,21 @@ def test_bad_values_are_refused_saying_what_to_pass() -> None:
             dp.Loader(pipe, num_workers=2, items_per_transfer=bad)
     with pytest.raises(ValueError, match="set num_workers > 0"):
         dp.Loader(pipe, items_per_transfer=4)
+    leased = {
+        "rank": 0,
+        "world_size": 2,
+        "num_workers": 1,
+        "even_batches": False,
+        "dispatch": "dynamic",
+        "dispatch_lease_seconds": 5,
+    }
     with pytest.raises(ValueError, match="dispatch_lease_seconds"):
-        dp.Loader(
-            pipe,
-            rank=0,
-            world_size=2,
-            num_workers=1,
-            even_batches=False,
-            dispatch="dynamic",
-            store=file_store(),
-            dispatch_lease_seconds=5,
-            items_per_transfer=2,
-        )
+        dp.Loader(pipe, store=file_store(), items_per_transfer=2, **leased)
     dp.Loader(pipe, items_per_transfer=1)
     assert dp.Loader(pipe).items_per_transfer == 1  # "auto" without workers: one at a time
     assert dp.Loader(pipe, num_workers=2).items_per_transfer == "auto"
-    leased = dp.Loader(
-        pipe,
-        rank=0,
-        world_size=2,
-        num_workers=1,
-        even_batches=False,
-        dispatch="dynamic",
-        store=file_store(),
-        dispatch_lease_seconds=5,
-    )
-    assert leased.items_per_transfer == 1  # leases count items in transfers: one at a time
+    # Leases count a rank's items in transfers: "auto" is one at a time there.
+    assert dp.Loader(pipe, store=file_store(), **leased).items_per_transfer == 1
 
 
 def test_the_topology_records_k_only_when_it_is_not_one() -> None:
