@@ -422,3 +422,31 @@ def test_hostile_bundle_positions_are_refused_naming_the_place() -> None:
     del broken["topology"]["items_per_transfer"]
     with pytest.raises(InvalidStateError, match="taken"):
         dp.Loader(pipe, seed=SEED, num_workers=2).load_state_dict(broken)
+
+
+@pytest.mark.slow
+def test_hostile_auto_positions_are_refused_naming_the_place() -> None:
+    pipe = dp.range(90).shuffle(buffer_size=6).map(sized)
+    loader = dp.Loader(pipe, seed=SEED, num_workers=2)  # items_per_transfer="auto"
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+
+    def edited(**changes: Any) -> dict[str, Any]:
+        broken = json.loads(json.dumps(state))
+        node = json.loads(broken["ranks"]["0"]["node"])
+        text = json.dumps({**node, **changes})  # as a hostile writer would, digest and all
+        broken["ranks"]["0"].update(node=text, digest=node_digest(text))
+        return broken
+
+    # "auto" holds up to 16 items a transfer: 16 taken is past any transfer.
+    for bad in ({"taken": 16}, {"items_per_transfer": 16}, {"items_per_transfer": "AUTO"}):
+        with pytest.raises(InvalidStateError, match="taken|items_per_transfer"):
+            dp.Loader(pipe, seed=SEED, num_workers=2).load_state_dict(edited(**bad))
+    # The topology says K = 4, the position says "auto": refused, never read as either.
+    broken = edited()
+    broken["topology"]["items_per_transfer"] = 4
+    with pytest.raises(InvalidStateError, match="items_per_transfer"):
+        dp.Loader(pipe, seed=SEED, num_workers=2, items_per_transfer=4).load_state_dict(broken)
