@@ -12,17 +12,20 @@ time as well as wall time). With those:
   on ``C`` cores the best rate is ``min(C / (m + w), N / w, 1 / m)`` records/s,
   and the speed-up over the plain process ``s`` times that.
 
-``--items-per-transfer 4,16`` adds rows with ``Loader(items_per_transfer=K)``:
-the same workers sending ``K`` batches per DataLoader transfer, which shows
-what the DataLoader's per-item round trip costs (the order of the batches is
-runs of ``K`` per worker; the records are the same).
+The ``datapipes N workers`` row runs the Loader's defaults
+(``items_per_transfer="auto"``: up to 16 batches a transfer here).
+``--items-per-transfer 1,4`` adds rows with ``Loader(items_per_transfer=K)``:
+the same workers sending ``K`` batches per DataLoader transfer (``1``: the
+default before ``"auto"``), which shows what the DataLoader's per-item round
+trip costs (the order of the batches is runs of a transfer per worker; the
+records are the same).
 
 ``--profile`` runs one more pass of the datapipes worker contender under
 cProfile (main process only) and prints its top functions by own time.
 Usage::
 
     python benchmarks/main_process_profile.py [--size-mb 32] [--repeats 3] [--workers 2]
-    python benchmarks/main_process_profile.py --items-per-transfer 4,16 --repeats 5
+    python benchmarks/main_process_profile.py --items-per-transfer 1,4 --repeats 5
     python benchmarks/main_process_profile.py --profile
 """
 
