@@ -337,8 +337,16 @@ def test_a_worker_killed_mid_unit_leaves_a_state_that_resumes_exactly(tmp_path, 
 
     monkeypatch.setenv(KILL_FLAG, str(tmp_path / "killed"))
     _seen_in_this_process[0] = 0
+    # One item a transfer: the items before the kill reach the main process (a transfer of
+    # several may die with the worker, still in its queue's buffer); the resumed Loaders
+    # below take the default, so the state also resumes under another setting.
     loader = dp.Loader(
-        kill_recipe(), seed=3, num_workers=2, dispatch="dynamic", dispatch_unit_items=UNIT
+        kill_recipe(),
+        seed=3,
+        num_workers=2,
+        dispatch="dynamic",
+        dispatch_unit_items=UNIT,
+        items_per_transfer=1,
     )
     got: list[int] = []
     with pytest.raises(dp.WorkerDiedError, match="SIGKILL") as died:
