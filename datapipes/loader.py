@@ -334,8 +334,8 @@ class Loader(LoaderCheckpoints, LoaderReports):
         asked for the item; the training loop's waits on the Loader are spans
         too. Open the file in https://ui.perfetto.dev or ``chrome://tracing``;
         :func:`datapipes.merge_traces` puts it into a ``torch.profiler``
-        trace. Each step keeps all of a pass's first 64 ``next()`` calls as
-        spans, then every one of at least 100 us and one every 2 ms of the
+        trace. Each step keeps all of a pass's first 32 ``next()`` calls as
+        spans, then every one of at least 100 us and one every 5 ms of the
         others, which bounds what a trace costs (the JSONL benchmark has rows
         with a trace on).
 

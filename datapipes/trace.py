@@ -2,7 +2,7 @@
 
 ``Loader.trace(path)`` runs a :class:`PipelineTrace`: while it is entered,
 every step notes a sample of its ``next()`` calls as spans (all of a
-pass's first 64, then every one of at least 100 us and one every 2 ms of
+pass's first 32, then every one of at least 100 us and one every 5 ms of
 the others: see :mod:`nodes.trace`), in the main process and in each
 DataLoader worker, on one clock. At its
 exit the spans become one trace-event JSON file that ``chrome://tracing``,
@@ -91,8 +91,8 @@ class PipelineTrace:
                 # add to a ts for Unix time in microseconds (what torch.profiler's traces use)
                 "unix_minus_clock_us": (time.time() - time.perf_counter()) * 1e6,
                 "started_us": self._started * 1e6,
-                "sampled": "per step: all of a pass's first 64 next() calls, then every "
-                "one of at least 100 us and one every 2 ms of the others",
+                "sampled": "per step: all of a pass's first 32 next() calls, then every "
+                "one of at least 100 us and one every 5 ms of the others",
                 "dropped_spans": dropped,
             },
         }

@@ -134,8 +134,10 @@ class StatsNode(Node):
         # 61 run lengths averaging every - 1, cycled: a prime period lines up with no cost
         gaps = [rng.randint(0, 2 * (every - 1)) for _ in range(61)]
         timed, next_span = 0, 0.0
+        # Statistics time all of a pass's first items; a trace alone only those it keeps.
+        all_first = TIME_ALL_FIRST if self.counts else SPANS_ALL_FIRST
         while True:
-            if timed >= TIME_ALL_FIRST and every > 1:
+            if timed >= all_first and every > 1:
                 yield islice(items, gaps[timed % 61])
             if profiler_running():
                 item, start, end = _profiled_next(items, span)

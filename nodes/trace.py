@@ -36,9 +36,9 @@ SPAN_PREFIX = "datapipes: "
 #: Which timed ``next()`` calls a step keeps as spans: all of a pass's first SPANS_ALL_FIRST,
 #: then every one of at least LONG_SPAN seconds (a span costs about 5 us to note, merge and
 #: write: at most 5% of such a span), and one every SPAN_GAP seconds of the others.
-SPANS_ALL_FIRST = 64
+SPANS_ALL_FIRST = 32
 LONG_SPAN = 100e-6
-SPAN_GAP = 0.002
+SPAN_GAP = 0.005
 
 
 class SpanRecorder:

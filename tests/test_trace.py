@@ -20,7 +20,7 @@ from datapipes.loader_stats import LOOP_WAIT
 from datapipes.trace import read_span_folder
 from nodes import trace as node_trace
 from nodes.stats import StatsNode
-from nodes.trace import SpanRecorder
+from nodes.trace import SPANS_ALL_FIRST, SpanRecorder
 
 WORKER_STEPS = ["range(600)", "map(double)", "shuffle(buffer_size=50)", "batch(8)"]
 
@@ -105,10 +105,10 @@ def test_a_two_worker_trace_holds_every_step_of_both_workers_and_the_main_proces
         "datapipes: DataLoader workers (2 processes)",
         LOOP_WAIT,
     }
-    # The loop's waits: every output of the Loader is timed; the first 64 are kept, then
-    # the long ones and one every 2 ms.
+    # The loop's waits: every output of the Loader is timed; the first 32 are kept, then
+    # the long ones and one every 5 ms.
     waits = [e for e in events if e["name"] == LOOP_WAIT]
-    assert 64 <= len(waits) <= len(batches)
+    assert SPANS_ALL_FIRST <= len(waits) <= len(batches)
     assert sum(e["dur"] for e in waits) > 0
     # One clock: the workers' spans lie within the main process's trace, and end before
     # the main process received the last batch.
