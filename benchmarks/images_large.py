@@ -276,12 +276,23 @@ def simplejpeg_crop(data: bytes, key: str, reduced: bool = False) -> torch.Tenso
     return resized_crop(pixels, crop, scale)
 
 
+_NORMALIZED: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
+
+
 def on_device(images: torch.Tensor, device: str = "cpu") -> torch.Tensor:
-    """The step on the device: uint8 NCHW -> float, / 255, normalized by ImageNet's mean/std."""
-    # x * (1 / (255 std)) - mean / std: the multiplication converts uint8 to float as it
-    # goes, so two passes over the batch instead of three (153 -> ~100 ms per batch here).
+    """The step on the device: uint8 NCHW -> float, / 255, normalized by ImageNet's mean/std,
+    into a float buffer kept per device and shape (overwritten by the next call)."""
+    # x * (1 / (255 std)) - mean / std, in place in a reused buffer: a CUDA loop gets that
+    # reuse from torch's caching allocator, while on the CPU a new 154 MB tensor per batch
+    # costs fresh pages, and the broadcasting uint8 x float multiplication is slow. Measured
+    # on one thread, a batch of 256: 155 ms as torch.mul(x, scale).add_(shift), 99 ms as
+    # x.float().mul_().add_(), 50 ms here (copy_ converts as it copies).
     x = images.to(device, non_blocking=True)
-    return torch.mul(x, NORM_SCALE.to(device)).add_(NORM_SHIFT.to(device))
+    key = (str(x.device), tuple(x.shape))
+    out = _NORMALIZED.get(key)
+    if out is None:
+        out = _NORMALIZED[key] = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    return out.copy_(x).mul_(NORM_SCALE.to(x.device)).add_(NORM_SHIFT.to(x.device))
 
 
 def region_crop(data: bytes, key: str, resizer: str = "torch") -> torch.Tensor:

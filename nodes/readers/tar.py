@@ -48,6 +48,7 @@ from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.readers.format import Cursor, RecordFormat
 from nodes.readers.tar_cursor import check_tar_cursor
 from nodes.readers.tar_damage import BlockMemory, Group, Loss
+from nodes.readers.tar_header import parse_header
 from nodes.readers.tar_walker import BLOCK, REGULAR, Member, TarWalker, padded_size
 from nodes.storage import SourceFile, read_full
 
@@ -320,7 +321,7 @@ class _Resume:
         if buf == bytes(BLOCK):
             raise self.refuse("a zero block (the end-of-archive marker, or damage) is there")
         try:
-            info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+            info = parse_header(buf)
         except tarfile.HeaderError as error:
             raise self.refuse(f"no tar header there ({error})") from None
         if info.type not in _STARTS:

@@ -14,9 +14,9 @@ import tarfile
 from typing import Any
 
 from nodes.errors import BadRecordError
+from nodes.readers.tar_header import BLOCK, parse_header
 from nodes.storage import read_full, skip_forward
 
-BLOCK = 512
 REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 
 
@@ -41,7 +41,7 @@ def valid_header(block: bytes) -> bool:
     if len(block) < BLOCK or block == bytes(BLOCK):
         return False
     try:
-        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        parse_header(block)
     except tarfile.HeaderError:
         return False
     return True
@@ -109,7 +109,7 @@ class TarWalker:
         """(the regular-file member of header ``buf`` or None, the name for the next member,
         whether a member that is no regular file was skipped)."""
         try:
-            info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+            info = parse_header(buf)
         except tarfile.HeaderError as error:
             raise BadRecordError(
                 self.url, f"header at byte offset {offset}", f"corrupt header: {error}"
@@ -192,7 +192,7 @@ class TarWalker:
                 self.pending, self.offset = buf, self.offset - BLOCK
                 return self.offset
             self.orphan = False
-            self.skip(padded_size(tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape").size))
+            self.skip(padded_size(parse_header(buf).size))
 
     def data(self, member: Member) -> bytes:
         try:
