@@ -3,9 +3,10 @@ marked (matplotlib, the optional ``plots`` extra)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from datapipes.stats import PipelineStats
+if TYPE_CHECKING:  # the stats call draw(): a type only, or the two would import each other
+    from datapipes.stats import PipelineStats
 
 
 def pyplot(path: str | None, caller: str) -> Any:

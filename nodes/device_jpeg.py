@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nodes.image_resize import Box, resize
 from nodes.jpeg import import_nvimgcodec, is_jpeg, jpeg_backend
-
-Box = tuple[int, int, int, int]  # top, left, height, width (full-resolution pixels)
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -190,8 +189,6 @@ def decode_crops(items: Sequence[Any], device: torch.device) -> torch.Tensor:
     """A batch's crops as one uint8 ``(B, C, size, size)`` tensor on ``device``: the
     :class:`EncodedCrop` ones decoded in one call there (their boxes only), resized and
     flipped there; the tensors among them (other formats, cropped already) moved there."""
-    from nodes.vision import resize
-
     encoded = [i for i, item in enumerate(items) if type(item) is EncodedCrop]
     jpeg = device_jpeg(device)
     try:

@@ -18,7 +18,6 @@ from nodes.files import FileSet, Unit, check_listing
 from nodes.readers.format import RecordFormat
 from nodes.state_checks import (
     at,
-    check_int,
     expect_int,
     expect_ints,
     expect_keys,
@@ -94,9 +93,4 @@ def check_cursor(
 ) -> None:
     """Refuse a cursor that does not point where a block of ``source`` starts
     (:meth:`RecordFormat.check_cursor`; a format of the user's keeps its cursors opaque)."""
-    from nodes.readers.npy import NpyFormat  # it imports the reader, which imports us
-
-    if isinstance(fmt, NpyFormat):  # it has no check_cursor of its own yet
-        check_int(cursor, path)  # the row: bounded by the file's rows when it is opened
-    else:
-        fmt.check_cursor(source, cursor, path)
+    fmt.check_cursor(source, cursor, path)

@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from nodes.decode import (
     IMAGE_EXTENSIONS,
@@ -47,10 +46,8 @@ from nodes.decode import (
     image_tensor,
 )
 from nodes.device_jpeg import EncodedCrop
-from nodes.intra_op import one_thread
+from nodes.image_resize import Box, crop_resize, resize
 from nodes.jpeg import PillowJpeg, RegionJpeg, SimpleJpeg, is_jpeg
-
-Box = tuple[int, int, int, int]  # top, left, height, width (full-resolution pixels)
 
 TRIES = 10
 DRAWS = 4 * TRIES + 1  # per item, whatever happens: 4 per try, then the flip
@@ -110,36 +107,6 @@ def centre_box(height: int, width: int, ratio: tuple[float, float]) -> Box:
     else:
         h, w = height, width
     return (height - h) // 2, (width - w) // 2, h, w
-
-
-def resize(image: torch.Tensor, size: int, flip: bool) -> torch.Tensor:
-    """A uint8 ``(C, h, w)`` image (any strides) resized to ``(C, size, size)``, flipped."""
-    return one_thread(_resize, image, size, flip)  # per-item work: see nodes.intra_op
-
-
-def _resize(image: torch.Tensor, size: int, flip: bool) -> torch.Tensor:
-    if image.shape[1] == image.shape[2] == size:
-        out = image
-    elif image.device.type == "cpu":
-        out = F.interpolate(
-            image[None], size=(size, size), mode="bilinear", antialias=True, align_corners=False
-        )[0]
-    else:  # on a GPU the antialiased resize takes floats: rounded back to uint8
-        resized = F.interpolate(
-            image[None].float(),
-            size=(size, size),
-            mode="bilinear",
-            antialias=True,
-            align_corners=False,
-        )[0]
-        out = resized.round_().clamp_(0, 255).to(torch.uint8)
-    return (out.flip(-1) if flip else out).contiguous()
-
-
-def crop_resize(image: torch.Tensor, box: Box, size: int, flip: bool) -> torch.Tensor:
-    """``image[:, box]`` resized to ``size x size`` and flipped when ``flip``."""
-    top, left, h, w = box
-    return resize(image[:, top : top + h, left : left + w], size, flip)
 
 
 def check_image(value: Any, field: str | None) -> torch.Tensor:

@@ -20,6 +20,7 @@ from numpy.lib import format as npformat
 
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.readers.reader import Cursor, RecordFormat
+from nodes.state_checks import check_int
 from nodes.storage import SourceFile, read_full
 from nodes.third_party_adapter import read_npy_header_3_0
 
@@ -123,6 +124,10 @@ class NpyFormat(RecordFormat):
         self.rows = rows
         self.splittable = rows
         self.block_bytes = block_bytes
+
+    def check_cursor(self, source: SourceFile, cursor: Cursor, path: str) -> None:
+        """A row number, refused unless an int >= 0 (the file's rows bound it when opened)."""
+        check_int(cursor, path)
 
     def blocks(
         self, source: SourceFile, part: int, parts: int, cursor: Cursor, errors: ErrorPolicy
