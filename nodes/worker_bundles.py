@@ -51,6 +51,10 @@ def bundled(per_transfer: int | str) -> bool:
     return max_items(per_transfer) > 1
 
 
+#: Values :func:`item_bytes` counts as holding no bytes.
+_NO_BYTES = frozenset({int, float, bool, complex, type(None)})
+
+
 def item_bytes(item: Any, depth: int = 4) -> int:
     """The bytes an item's tensors, arrays, bytes and text hold, in containers up to
     ``depth`` deep (at most 1,024 entries of each): a size that depends on the item only.
@@ -69,7 +73,12 @@ def item_bytes(item: Any, depth: int = 4) -> int:
     if isinstance(item, dict):
         values: Any = item.values()
     elif isinstance(item, list | tuple):
-        values = item
+        values = item if len(item) <= 1024 else item[:1024]
+        kinds = set(map(type, values))  # a batch's texts or ids: summed at C speed
+        if kinds == {str} or kinds == {bytes}:
+            return sum(map(len, values))
+        if kinds <= _NO_BYTES:
+            return 0
     else:
         return 0
     total = 0

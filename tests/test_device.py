@@ -121,6 +121,15 @@ def test_apply_to_tensors_leaves_everything_else_as_it_is():
     assert torch.equal(apply_to_tensors(torch.ones(2), lambda t: t + 1), torch.full((2,), 2.0))
 
 
+def test_apply_to_tensors_returns_lists_of_plain_values_themselves():
+    texts, ids, mixed = ["a", "b"] * 200, (1, 2.5, None, True), ["a", torch.zeros(1), 3]
+    item = {"text": texts, "ids": ids, "mixed": mixed}
+    out = apply_to_tensors(item, lambda t: t + 1)
+    assert out["text"] is texts and out["ids"] is ids  # nothing inside to change: the same
+    assert out["mixed"] is not mixed and out["mixed"][0] == "a" and out["mixed"][2] == 3
+    assert out["mixed"][1].item() == 1.0  # a tensor among plain values is still reached
+
+
 def test_apply_to_tensors_visits_every_tensor_once():
     sample = make_sample(3)
     seen = tensors(sample)

@@ -11,6 +11,7 @@ import json
 import pickle
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -290,6 +291,42 @@ def test_auto_weighs_tensors_arrays_bytes_and_text() -> None:
     texts = ["a" * 100_000, b"b" * 100_000, bytearray(100_000)]
     assert [len(b) for b in bundles(iter(texts * 2), rule, 0)] == [3, 3]
     assert item_bytes([[[[[torch.zeros(9)]]]]]) == 0  # deeper than 4: not weighed
+
+
+class Text(str):
+    """A str subclass: weighed by the general walk, not the lists-of-text shortcut."""
+
+
+def weighed_one_by_one(item, depth=4):
+    """item_bytes as its docstring states it, entry by entry (the shortcuts must agree)."""
+    if isinstance(item, torch.Tensor | np.ndarray):
+        return item.nbytes
+    if isinstance(item, bytes | bytearray | str | memoryview):
+        return len(item)
+    if depth <= 0 or not isinstance(item, dict | list | tuple):
+        return 0
+    values = list(item.values() if isinstance(item, dict) else item)[:1024]
+    return sum(weighed_one_by_one(value, depth - 1) for value in values)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        ["ab", "cde", ""],
+        [b"ab", b"c"],
+        ("ab", b"cd", 3, None),
+        [1, 2.5, True, None],
+        [],
+        ["x" * 10] * 3000,  # past the first 1,024 entries: not weighed
+        [Text("abcd"), "ef"],
+        [["ab", "c"], [1, 2], [b"xyz"]],
+        {"text": ["ab"] * 256, "id": torch.arange(256), "tags": [["a", "b"]] * 4},
+        [np.zeros(3), "ab", bytearray(5)],
+    ],
+)
+def test_item_bytes_shortcuts_weigh_as_the_walk_does(item) -> None:
+    # The transfers (and so the order and a resumed run's replay) follow these numbers.
+    assert item_bytes(item) == weighed_one_by_one(item)
 
 
 @pytest.mark.slow
