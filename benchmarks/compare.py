@@ -695,10 +695,10 @@ def paired_ratio(row: Row, by_name: dict[str, Row]) -> float | None:
     taken side by side: steadier than best against best where the machine's speed drifts
     by more than the difference measured (a trace's few percent on a busy 2-core VM)."""
     base = by_name.get(row.baseline) if row.baseline else None
-    if row.skipped or base is None or base.skipped or len(base.turns) != len(row.turns):
+    if row.skipped or base is None or base.skipped or not row.turns:
         return None
-    if not row.turns:
-        return None
+    if len(base.turns) != len(row.turns):
+        return None  # a row that failed part-way: its turns pair with nothing
     return statistics.median(b / r for b, r in zip(base.turns, row.turns))
 
 

@@ -28,8 +28,8 @@ def _tuple_like(item: tuple[Any, ...], values: list[Any]) -> tuple[Any, ...]:
 #: Values that hold no tensor: returned as they are without a look inside. A list or tuple of
 #: only these (a batch's texts or ids) is skipped whole at C speed: a worker prepares every
 #: item it sends with this walk, and one Python call per string cost a JSONL batch of 256
-#: records as much as reading them.
-_ATOMS = frozenset({str, bytes, int, float, bool, complex, type(None)})
+#: records as much as reading them. (``nodes.worker_bundles.item_bytes`` weighs them alike.)
+PLAIN_VALUES = frozenset({str, bytes, int, float, bool, complex, type(None)})
 
 
 def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -42,7 +42,7 @@ def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     >>> apply_to_tensors({"x": torch.zeros(2), "id": 3}, lambda t: t + 1)
     {'x': tensor([1., 1.]), 'id': 3}
     """
-    if type(item) in _ATOMS:
+    if type(item) in PLAIN_VALUES:
         return item
     if isinstance(item, torch.Tensor):
         return fn(item)
@@ -56,7 +56,7 @@ def apply_to_tensors(item: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         out.update(values)
         return out
     if isinstance(item, list | tuple):
-        if set(map(type, item)) <= _ATOMS:
+        if set(map(type, item)) <= PLAIN_VALUES:
             return item
         new = [apply_to_tensors(v, fn) for v in item]
         if all(a is b for a, b in zip(new, item)):

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nodes.tensor_tree import PLAIN_VALUES
 from nodes.worker_errors import carry
 
 #: ``items_per_transfer="auto"``: at most this many items a transfer ...
@@ -51,8 +52,8 @@ def bundled(per_transfer: int | str) -> bool:
     return max_items(per_transfer) > 1
 
 
-#: Values :func:`item_bytes` counts as holding no bytes.
-_NO_BYTES = frozenset({int, float, bool, complex, type(None)})
+#: Plain values :func:`item_bytes` counts as holding no bytes (numbers, None).
+_NO_BYTES = PLAIN_VALUES - {str, bytes}
 
 
 def item_bytes(item: Any, depth: int = 4) -> int:
