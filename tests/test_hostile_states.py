@@ -737,3 +737,23 @@ def test_a_torch_dataset_still_resumes_exactly_from_a_good_state():
     fresh = dp.range(30).filter(_not_third).shuffle(buffer_size=4).as_torch_dataset(seed=2)
     fresh.load_state_dict(state)
     assert list(fresh) == rest
+
+
+@pytest.mark.parametrize("cursor", [-1, "5", 2.5, True, [5]])
+def test_an_npy_row_cursor_that_is_no_row_number_is_refused(tmp_path: Path, cursor: Any) -> None:
+    # Past the first block (4 MiB: 262,144 rows of 16 bytes), so the state holds a row.
+    write_npy(str(tmp_path), "big.npy", np.arange(300_000 * 4, dtype=np.int32).reshape(-1, 4))
+    pipe = dp.files(f"{tmp_path}/big.npy").read_npy()
+    loader = dp.Loader(pipe)
+    items = iter(loader)
+    for _ in range(270_000):
+        next(items)
+    state = loader.state_dict()
+    node = json.loads(state["ranks"]["0"]["node"])
+    assert isinstance(node["cursor"], int) and node["cursor"] > 0
+    resumed = dp.Loader(pipe)
+    resumed.load_state_dict(state)
+    assert [int(row[0]) for row in resumed] == list(range(270_000 * 4, 300_000 * 4, 4))
+    bad = json.dumps({**node, "cursor": cursor})
+    with pytest.raises(dp.InvalidStateError, match="cursor"):
+        dp.Loader(pipe).load_state_dict(_with_node(state, "0", bad))
