@@ -531,14 +531,19 @@ def test_the_examples_of_the_issue() -> None:
         dp.Loader(dp.range(1000)).load_state_dict(_with_node(state, "0", "{"))
 
 
-def test_a_byte_cursor_past_the_end_or_moved_names_the_url_offset_and_size(root: str) -> None:
-    pipe = dp.files(f"{root}/j0.jsonl").read_jsonl(block_size=300, on_error="skip")
+def _state_after(pipe: dp.DataPipe, count: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Loader state after ``count`` items of one rank, and its node state parsed."""
     loader = dp.Loader(pipe)
     items = iter(loader)
-    for _ in range(5):
+    for _ in range(count):
         next(items)
     state = loader.state_dict()
-    node = json.loads(state["ranks"]["0"]["node"])
+    return state, json.loads(state["ranks"]["0"]["node"])
+
+
+def test_a_byte_cursor_past_the_end_or_moved_names_the_url_offset_and_size(root: str) -> None:
+    pipe = dp.files(f"{root}/j0.jsonl").read_jsonl(block_size=300, on_error="skip")
+    state, node = _state_after(pipe, 5)
     assert node["cursor"] is not None
     size = Path(root, "j0.jsonl").stat().st_size
     for offset, message in [(size + 2600, f"size {size} bytes"), (node["cursor"][0] + 3, "moved")]:
@@ -744,12 +749,7 @@ def test_an_npy_row_cursor_that_is_no_row_number_is_refused(tmp_path: Path, curs
     # Past the first block (4 MiB: 262,144 rows of 16 bytes), so the state holds a row.
     write_npy(str(tmp_path), "big.npy", np.arange(300_000 * 4, dtype=np.int32).reshape(-1, 4))
     pipe = dp.files(f"{tmp_path}/big.npy").read_npy()
-    loader = dp.Loader(pipe)
-    items = iter(loader)
-    for _ in range(270_000):
-        next(items)
-    state = loader.state_dict()
-    node = json.loads(state["ranks"]["0"]["node"])
+    state, node = _state_after(pipe, 270_000)
     assert isinstance(node["cursor"], int) and node["cursor"] > 0
     resumed = dp.Loader(pipe)
     resumed.load_state_dict(state)
