@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, in one script, in under 8 minutes on a GPU machine:
-#   1. every CUDA test (tests/test_device.py, tests/test_device_decode.py: pin_memory,
+#   1. every CUDA test (tests/steps/test_device.py, tests/media/test_device_decode.py: pin_memory,
 #      to_device's side-stream copies, decode(device="cuda"), crops decoded on the GPU);
 #   2. benchmarks/gpu_overlap.py: host-to-device copies hidden behind compute;
 #   3. benchmarks/gpu_decode.py: GPU JPEG decode images/s and its pixels against Pillow's.
@@ -44,8 +44,8 @@ fi
 section() { printf '\n## %s\n\n' "$1" >> "$REPORT"; }
 
 section "CUDA tests"
-timeout 240 python -m pytest -q -rs -p no:cacheprovider tests/test_device.py \
-    tests/test_device_decode.py > "$WORK/tests.txt" 2>&1
+timeout 240 python -m pytest -q -rs -p no:cacheprovider tests/steps/test_device.py \
+    tests/media/test_device_decode.py > "$WORK/tests.txt" 2>&1
 status=$?
 {
     echo "exit status $status (124: over the 240 s limit)"

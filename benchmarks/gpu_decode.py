@@ -5,7 +5,7 @@ Photos like ``images_large``'s (about 500x375, quality 90, 4:2:0), made in memor
 Measured, each the best of ``--repeats`` passes, the clock stopped after
 ``torch.cuda.synchronize()``:
 
-* ``decode_crops``: batches of ``--batch`` :class:`nodes.device_jpeg.EncodedCrop`
+* ``decode_crops``: batches of ``--batch`` :class:`nodes.media.device_jpeg.EncodedCrop`
   (random resized crop boxes) decoded in one nvImageCodec call per batch, resized to
   224 and flipped on the device: the decode alone, the JPEG bytes already in memory;
 * ``pipeline``: ``dp.files(tar shards).read_tar().decode().random_resized_crop(224,
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import images_large  # noqa: E402
 
 import datapipes as dp  # noqa: E402
-from nodes.device_jpeg import EncodedCrop, decode_crops  # noqa: E402
-from nodes.vision import CropParams, draw_crop  # noqa: E402
+from nodes.media.crops import CropParams, draw_crop  # noqa: E402
+from nodes.media.device_jpeg import EncodedCrop, decode_crops  # noqa: E402
 
 SIZE = 224
 
@@ -112,7 +112,7 @@ def main() -> None:
     samples = photos(args.images)
     params = CropParams(SIZE)
     rng = __import__("numpy").random.default_rng(0)
-    from nodes.jpeg import jpeg_backend
+    from nodes.media.jpeg import jpeg_backend
 
     sizes = jpeg_backend("auto")
     crops = []

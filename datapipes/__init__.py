@@ -4,28 +4,39 @@
 >>> pipe = dp.range(10).map(lambda x: x * x).filter(lambda x: x % 2 == 0).batch(2)
 >>> [b.tolist() for b in dp.Loader(pipe)]
 [[0, 4], [16, 36], [64]]
+
+May import: nodes and every package of datapipes (this is the public face).
 """
 
-from datapipes.combine import concat, mix, zip
-from datapipes.dcp_states import load_dcp_states
-from datapipes.files import FileList, files
-from datapipes.hf_trainer import use_in_hf_trainer
-from datapipes.iterables import from_iterable
-from datapipes.listings import ListingMismatchError
-from datapipes.loader import InexactResumeWarning, InvalidStateError, Loader, StateMismatchError
+from datapipes.checkpoint.dcp import load_dcp_states
+from datapipes.checkpoint.saving import load_checkpoint, save_checkpoint
+from datapipes.dispatch.takeover import (
+    LeaseTakenWarning,
+    TakeoverCheckpointError,
+    UnfinishedEpochError,
+)
+from datapipes.integrations.hf_trainer import use_in_hf_trainer
+from datapipes.integrations.torchtitan import TorchTitanLoader
+from datapipes.integrations.trainers import TrainerLoader
+from datapipes.loader.listings import ListingMismatchError
+from datapipes.loader.loader import (
+    InexactResumeWarning,
+    InvalidStateError,
+    Loader,
+    StateMismatchError,
+)
+from datapipes.observe.rank_stats import RankStats
+from datapipes.observe.stats import PipelineStats, StepStats
+from datapipes.observe.trace import PipelineTrace, merge_traces
 from datapipes.pipe import DataPipe
-from datapipes.rank_stats import RankStats
 from datapipes.resume import merge_states
-from datapipes.saving import load_checkpoint, save_checkpoint
-from datapipes.sources import from_sequence, range
-from datapipes.stats import PipelineStats, StepStats
-from datapipes.takeover import LeaseTakenWarning, TakeoverCheckpointError, UnfinishedEpochError
+from datapipes.steps.combine import concat, mix, zip
+from datapipes.steps.files import FileList, files
+from datapipes.steps.iterables import from_iterable
+from datapipes.steps.sources import from_sequence, range
 from datapipes.topology import Topology
-from datapipes.torch_dataset import TorchDataset
-from datapipes.torchtitan import TorchTitanLoader
-from datapipes.trace import PipelineTrace, merge_traces
-from datapipes.trainers import TrainerLoader
 from datapipes.version import package_version
+from datapipes.workers.torch_dataset import TorchDataset
 from datapipes.write import (
     Manifest,
     ShardMismatchError,
@@ -33,13 +44,13 @@ from datapipes.write import (
     read_manifest,
     write,
 )
-from nodes.collate import default_collate, no_collate
 from nodes.dispatch import DispatchStoreError
 from nodes.elastic import ElasticResumeError
 from nodes.errors import BadRecordError, BadRecordWarning
-from nodes.even import UnevenDataWarning
-from nodes.random_map import RandomMapError
-from nodes.workers import WorkerDiedError
+from nodes.steps.collate import default_collate, no_collate
+from nodes.steps.even import UnevenDataWarning
+from nodes.steps.random_map import RandomMapError
+from nodes.workers.stream import WorkerDiedError
 
 __version__: str = package_version()
 

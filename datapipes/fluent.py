@@ -1,9 +1,9 @@
 """The fluent API of a recipe: one method per step, each returning a new recipe.
 
 :class:`datapipes.DataPipe` inherits these from :class:`FluentSteps`; they
-only build the step (its class lives in :mod:`datapipes.steps`,
-:mod:`datapipes.random_steps`, :mod:`datapipes.vision` or
-:mod:`datapipes.custom`), so the recipe's repr, identity and random streams
+only build the step (its class lives in :mod:`datapipes.steps.transforms`,
+:mod:`datapipes.steps.random_map`, :mod:`datapipes.steps.crops` or
+:mod:`datapipes.steps.custom`), so the recipe's repr, identity and random streams
 are the steps', not this module's.
 """
 
@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from datapipes.topology import resolve_topology
-from datapipes.torch_dataset import TorchDataset
+from datapipes.workers.torch_dataset import TorchDataset
 from nodes import Node
 
 if TYPE_CHECKING:
@@ -78,14 +78,14 @@ class FluentSteps(Generic[T]):
         seed for this step. Put it before ``prefetch()`` and
         ``map(..., num_workers=...)``, which read ahead (the Loader refuses it
         after them, saying so). See
-        :class:`nodes.random_map.RandomMapNode`.
+        :class:`nodes.steps.random_map.RandomMapNode`.
 
         >>> import datapipes as dp
         >>> pipe = dp.range(3).random_map(lambda x, rng: x + rng.random())
         >>> [int(x) for x in dp.Loader(pipe)], list(dp.Loader(pipe)) == list(dp.Loader(pipe))
         ([0, 1, 2], True)
         """
-        from datapipes.random_steps import RandomMap  # it imports this module
+        from datapipes.steps.random_map import RandomMap  # it imports this module
 
         return RandomMap(self, fn, global_rng=global_rng, seed=seed)
 
@@ -147,7 +147,7 @@ class FluentSteps(Generic[T]):
         >>> [list(map(int, r["input_ids"])) for r in dp.Loader(pipe)]
         [[97, 98], [99]]
         """
-        from datapipes.text import Tokenize
+        from datapipes.steps.text import Tokenize
 
         return Tokenize(
             self, tokenizer, field=field, output=output, bos=bos, eos=eos, block=block, name=name
@@ -173,14 +173,14 @@ class FluentSteps(Generic[T]):
         ``position_ids`` (restarting at every document's segment) and ``cu_seqlens``
         (segment bounds for variable-length attention; a batch's are concatenated).
         The state names positions in documents, never tokens; a resume on another
-        topology delivers every token of the epoch once. See :mod:`nodes.pack`.
+        topology delivers every token of the epoch once. See :mod:`nodes.steps.pack`.
 
         >>> import datapipes as dp
         >>> docs = dp.from_sequence([[1, 2, 3], [4, 5], [6]])
         >>> [s["input_ids"].tolist() for s in dp.Loader(docs.pack(4))]
         [[1, 2, 3, 4], [5, 6, 0, 0]]
         """
-        from datapipes.text import Pack
+        from datapipes.steps.text import Pack
 
         return Pack(
             self, seq_len, method=method, field=field, pad_id=pad_id, bins=bins,
@@ -333,7 +333,7 @@ class FluentSteps(Generic[T]):
         ``on_device=True`` (right after ``decode()``) leaves the decoding to
         :meth:`to_device`: the box is drawn from the JPEG's header where the
         step runs (a worker), the item carries the JPEG and its box
-        (:class:`nodes.device_jpeg.EncodedCrop`), and ``to_device(device)``
+        (:class:`nodes.media.device_jpeg.EncodedCrop`), and ``to_device(device)``
         decodes a batch's boxes in one nvImageCodec call on the device
         (nvJPEG on CUDA, ``pip install 'datapipes-torch[gpu]'``; its CPU
         decoder on the CPU, Pillow's pixels), then resizes and flips there.
@@ -344,7 +344,7 @@ class FluentSteps(Generic[T]):
         >>> [tuple(x.shape) for x in dp.Loader(dp.from_sequence(images).random_resized_crop(16))]
         [(3, 16, 16), (3, 16, 16)]
         """
-        from datapipes.vision import RandomResizedCrop  # it imports this module
+        from datapipes.steps.crops import RandomResizedCrop  # it imports this module
 
         return RandomResizedCrop(
             self,
@@ -445,12 +445,12 @@ class FluentSteps(Generic[T]):
 # this one; the methods above reach them through these functions (or a local import), at
 # call time, which is what lets every module exist.
 def _steps() -> ModuleType:
-    from datapipes import steps
+    from datapipes.steps import transforms as steps
 
     return steps
 
 
 def _custom() -> ModuleType:
-    from datapipes import custom
+    from datapipes.steps import custom
 
     return custom

@@ -13,7 +13,7 @@ from datapipes.fluent import FluentSteps
 from datapipes.identity import digest, identity, plain
 from nodes import Context, Node
 from nodes.dispatch import DispatchedSourceNode
-from nodes.stats import SAMPLE_EVERY, TRACE_SAMPLE_EVERY, StatsNode
+from nodes.observe.stats import SAMPLE_EVERY, TRACE_SAMPLE_EVERY, StatsNode
 
 T = TypeVar("T")
 
@@ -173,7 +173,7 @@ class DataPipe(FluentSteps[T]):
         """Build the runtime nodes for ``ctx`` (default: one consumer, epoch 0, seed 0).
 
         With ``ctx.stats`` (or a ``ctx.trace``) every step's node is wrapped in a
-        :class:`nodes.stats.StatsNode` that counts its items and time (and notes spans).
+        :class:`nodes.observe.stats.StatsNode` that counts its items and time (and notes spans).
         """
         ctx = Context() if ctx is None else ctx
         node = self._build(ctx)

@@ -1,7 +1,7 @@
 """Writes the Architecture page's module map from each module's first docstring line.
 
 Run ``python docs/module_map.py`` after adding, moving or removing a module;
-``tests/test_docs.py`` fails when the page and the code differ.
+``tests/project/test_docs.py`` fails when the page and the code differ.
 """
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ def first_line(path: Path) -> str:
     return line
 
 
+def may_import(package: Path) -> str:
+    """The package's rule of imports, as its docstring's ``May import:`` paragraph says."""
+    doc = ast.get_docstring(ast.parse(package.read_text())) or ""
+    for paragraph in doc.split("\n\n"):
+        if paragraph.startswith("May import:"):
+            return " ".join(paragraph.split())
+    return "(no rule of imports)"
+
+
 def module_map() -> str:
     """The module map section, as the page holds it."""
     out = [START, "\n", "Each module's first docstring line, as it says what the module owns.\n"]
@@ -33,6 +42,8 @@ def module_map() -> str:
     )
     for folder in folders:
         out += ["\n", f"### `{folder.relative_to(ROOT).as_posix()}/`\n", "\n"]
+        package = folder / "__init__.py"
+        out += [f"{first_line(package)} {may_import(package)}\n", "\n"]
         out += ["| module | what it owns |\n", "| --- | --- |\n"]
         for path in sorted(folder.glob("*.py")):
             out.append(f"| `{path.name}` | {first_line(path)} |\n")

@@ -2,34 +2,36 @@
 
 Users normally build nodes from a recipe (``datapipes``); power users and
 authors of custom steps use these classes directly.
+
+May import: nodes (its own packages; nothing of datapipes).
 """
 
 from nodes.base import UPSTREAM, Context, Node, ScopedContext, State
-from nodes.batch import BatchNode, unbatch_items
-from nodes.collate import default_collate, no_collate
-from nodes.combine import ConcatNode, MixNode, ZipNode
-from nodes.decode import DecodeNode, SampleDecoder
-from nodes.device import PinMemoryNode, ToDeviceNode
 from nodes.errors import BadRecordError, ErrorPolicy
-from nodes.even import EvenBatchesNode
-from nodes.files import FileListNode, FileSet
-from nodes.iterable import IterableNode
+from nodes.media.decode import DecodeNode, SampleDecoder
+from nodes.observe.stats import StatsNode
 from nodes.origins import RandomMapError
-from nodes.pack import PackNode
-from nodes.parallel_map import ParallelMapNode
-from nodes.prefetch import PrefetchNode
-from nodes.random_map import RandomMapNode
 from nodes.readers import FileReaderNode, RecordFormat
-from nodes.repeat import RepeatNode
 from nodes.rng import IndexPermutation, UniformStream, stable_hash
-from nodes.shard import ShardNode, WholeDataContext
-from nodes.shuffle import BufferShuffleNode
-from nodes.sources import SequenceNode
-from nodes.stats import StatsNode
+from nodes.sources.files import FileListNode, FileSet
+from nodes.sources.iterable import IterableNode
+from nodes.sources.sequence import SequenceNode
+from nodes.steps.batch import BatchNode, unbatch_items
+from nodes.steps.collate import default_collate, no_collate
+from nodes.steps.combine import ConcatNode, MixNode, ZipNode
+from nodes.steps.device import PinMemoryNode, ToDeviceNode
+from nodes.steps.even import EvenBatchesNode
+from nodes.steps.pack import PackNode
+from nodes.steps.parallel_map import ParallelMapNode
+from nodes.steps.prefetch import PrefetchNode
+from nodes.steps.random_map import RandomMapNode
+from nodes.steps.repeat import RepeatNode
+from nodes.steps.shard import ShardNode, WholeDataContext
+from nodes.steps.shuffle import BufferShuffleNode
+from nodes.steps.tokenize import TokenizeNode
+from nodes.steps.transforms import FilterNode, FlatMapNode, MapNode, TakeNode
 from nodes.tensor_tree import apply_to_tensors
-from nodes.tokenize import TokenizeNode
-from nodes.transforms import FilterNode, FlatMapNode, MapNode, TakeNode
-from nodes.workers import WorkerStreamNode
+from nodes.workers.stream import WorkerStreamNode
 
 __all__ = [
     "BadRecordError",

@@ -33,7 +33,7 @@ class Context:
     ``world_size * num_workers`` consumers. ``epoch`` is mutable: the owner of
     a graph (usually a :class:`datapipes.Loader`) sets it before ``reset``.
     ``stats=True`` builds every step with per-step statistics
-    (:class:`nodes.stats.StatsNode`). ``listings`` (a :class:`nodes.files.Listings`,
+    (:class:`nodes.observe.stats.StatsNode`). ``listings`` (a :class:`nodes.sources.files.Listings`,
     set by the owner) holds the file listings its file lists share instead of each
     listing the files itself.
 
@@ -45,7 +45,7 @@ class Context:
     #: In a graph built before a ``shard()``: the context of the consumer the shard runs
     #: for (this one then reads the whole stream); ``None`` otherwise.
     shard_ctx: Any = None
-    #: While a trace runs (``Loader.trace``): the :class:`nodes.trace.SpanRecorder` every
+    #: While a trace runs (``Loader.trace``): the :class:`nodes.observe.trace.SpanRecorder` every
     #: step's statistics node notes its spans in; it builds them even without ``stats``.
     trace: Any = None
 
@@ -102,7 +102,7 @@ class Context:
         self.epoch = epoch
         self.seed = seed
         self.stats = stats
-        #: The file listings this graph reads (a :class:`nodes.files.Listings`; ``None``:
+        #: The file listings this graph reads (a :class:`nodes.sources.files.Listings`; ``None``:
         #: each file list lists for itself).
         self.listings = listings
         #: What this consumer reads instead of its own share (see :mod:`nodes.consumer_work`).
@@ -228,7 +228,7 @@ class Node(Iterator[T]):
     # What a node declares about itself, read by the statistics and the skip counts.
 
     #: Its input runs elsewhere (a thread, worker processes): the time its ``next()``
-    #: takes is waiting, not its input's work (see :func:`nodes.stats.graph_stats`).
+    #: takes is waiting, not its input's work (see :func:`nodes.observe.stats.graph_stats`).
     upstream_in_background: bool = False
     #: The bad-record policy of a node that can skip records (``on_error``), whose
     #: count shows in ``Loader.skipped()`` and the statistics; ``None`` otherwise.
@@ -260,7 +260,7 @@ class Node(Iterator[T]):
     #: ``"records"`` or ``"files"`` (see :mod:`nodes.elastic`); ``None``: not a source.
     elastic_kind: str | None = None
 
-    # What a step that drops items at an epoch's end declares (see nodes.batch.drop_counts).
+    # What a step that drops items at an epoch's end declares (see nodes.steps.batch.drop_counts).
 
     #: Items it dropped this epoch (reported by ``Loader.dropped()``, under ``drop_label``).
     dropped: int = 0
@@ -359,7 +359,7 @@ class Node(Iterator[T]):
         """``(place, piece)`` of every item this node holds (read, not yet returned)."""
         return []
 
-    # ----- random_map's per-item seeds (see nodes.random_map); asked once, when built -------
+    # ----- random_map's per-item seeds (see nodes.steps.random_map); asked once, when built -------
     def origin_reader(self) -> OriginReader:
         """A call that says where the item this node returned last came from (its origin,
         see :mod:`nodes.origins`), from which a ``random_map`` above seeds the item.

@@ -7,7 +7,7 @@ Its work is named per round: the place ``"<place>@<round>"``. Consumers go
 through the rounds at their own pace, so a checkpoint finds them in different
 rounds; the remaining work of round ``r`` is then what the consumers in round
 ``r`` have not read, plus the whole share of every consumer still in an
-earlier round (:meth:`nodes.transforms.RepeatNode.rounds_ahead`, asked up to
+earlier round (:meth:`nodes.steps.repeat.RepeatNode.rounds_ahead`, asked up to
 the furthest round any consumer reached: :func:`rounds_reached`). A consumer
 resumed on another topology reads the rounds its plan holds, from the first;
 a round past them it reads as a fresh one, its own share on the new topology

@@ -1,7 +1,7 @@
 """A function applied to every tensor of a nested item, the item's containers kept.
 
 Used where tensors move (``to_device``, ``pin_memory``) and where batches are
-handed from the workers (:mod:`nodes.handover`).
+handed from the workers (:mod:`nodes.workers.handover`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _tuple_like(item: tuple[Any, ...], values: list[Any]) -> tuple[Any, ...]:
 #: Values that hold no tensor: returned as they are without a look inside. A list or tuple of
 #: only these (a batch's texts or ids) is skipped whole at C speed: a worker prepares every
 #: item it sends with this walk, and one Python call per string cost a JSONL batch of 256
-#: records as much as reading them. (``nodes.worker_bundles.item_bytes`` weighs them alike.)
+#: records as much as reading them. (``nodes.workers.bundles.item_bytes`` weighs them alike.)
 PLAIN_VALUES = frozenset({str, bytes, int, float, bool, complex, type(None)})
 
 

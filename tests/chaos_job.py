@@ -1,4 +1,4 @@
-"""One rank of a chaos trial (tests/test_chaos.py): dynamic dispatch with leases, no collectives.
+"""One rank of a chaos trial (tests/dispatch/test_chaos.py): dispatch with leases, no collectives.
 
 ``python tests/chaos_job.py CONFIG.json``. The config names the ``rank``, ``world_size``,
 ``workers`` (DataLoader workers), the ``port`` of the trial's TCPStore on 127.0.0.1 (the
@@ -41,7 +41,7 @@ from typing import Any, TextIO
 import torch.distributed as dist
 
 import datapipes as dp
-from datapipes.takeover import TakeoverCheckpointError
+from datapipes.dispatch.takeover import TakeoverCheckpointError
 
 #: How long a rank waits for the others to come before it starts anyway (a rank killed
 #: before it came is then taken over as one that never started its epoch).
@@ -77,7 +77,7 @@ def mark_write_ahead(out: TextIO) -> None:
     """Write ``+`` to the ledger for each item a lease is about to be written ahead of
     (between the pipeline and ``Takeovers._written_ahead``, a private method: when it is
     gone, nothing is marked and the driver cannot tell an item in flight)."""
-    from datapipes.takeover import Takeovers
+    from datapipes.dispatch.takeover import Takeovers
 
     original = getattr(Takeovers, "_written_ahead", None)
     if original is None:

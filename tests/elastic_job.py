@@ -45,7 +45,7 @@ from distributed_job import (
 )
 
 import datapipes as dp
-from datapipes.dcp_states import load_dcp_states
+from datapipes.checkpoint.dcp import load_dcp_states
 
 
 def recipe(config: dict[str, Any]) -> dp.DataPipe[Any]:

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import datapipes as dp
-from datapipes.dispatch import private_file_store
+from datapipes.dispatch.dynamic import private_file_store
 from nodes import Node, UniformStream
 from nodes.testing import same
 
@@ -23,7 +23,7 @@ from nodes.testing import same
 
 def file_store() -> dist.FileStore:
     """A store that in-process ranks share and their DataLoader workers reach by its path
-    (the one-rank Loader's own kind, see ``datapipes.dispatch.private_file_store``). Not a
+    (the one-rank Loader's own kind, see ``datapipes.dispatch.dynamic.private_file_store``). Not a
     ``TCPStore`` hosted in this process: a worker forked while its server thread resolves a
     client's name inherits glibc's lookup lock held and can hang connecting."""
     store = private_file_store()

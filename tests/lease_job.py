@@ -56,7 +56,7 @@ def under_torchrun(config: dict[str, Any]) -> None:
 def fault_the_taker(fault: dict[str, Any], store: Any) -> None:
     """Make this rank kill or stop itself at ``fault["step"]`` of a takeover it wins, if no
     rank of the job faulted before."""
-    from datapipes import takeover
+    from datapipes.dispatch import takeover
     from nodes.dispatch import lease
 
     def fault_now() -> None:

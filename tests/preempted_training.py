@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 import datapipes as dp
-import datapipes.saving
+import datapipes.checkpoint.saving
 
 SAMPLES = 1_600
 BATCH = 8
@@ -114,11 +114,11 @@ def die_at(point: str, path: str) -> None:
         with open(path, "wb") as file:  # what torch.save(obj, path) does: truncate, then write
             half_then_die(new, file)
     if point == "write":
-        datapipes.saving.torch.save = half_then_die
+        datapipes.checkpoint.saving.torch.save = half_then_die
     elif point == "replace":
-        datapipes.saving.os.replace = lambda *args: _die()
+        datapipes.checkpoint.saving.os.replace = lambda *args: _die()
     elif point == "dirsync":
-        datapipes.saving._fsync_directory = lambda folder: _die()
+        datapipes.checkpoint.saving._fsync_directory = lambda folder: _die()
     dp.save_checkpoint(new, path)
     raise SystemExit(f"unknown point {point!r}: the save finished")
 

@@ -76,3 +76,18 @@ def children_of(pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue  # ended meanwhile
     return found
+
+
+def processes_in_group(group: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found

@@ -221,7 +221,7 @@ print("the Loader state in the folder names its recipe:", steps)
 # Several ranks work the same way: under a process group `state_dict()`
 # gathers every rank's state (all ranks call it at the same step, as the
 # trainers do), rank 0's checkpoint holds them all, and every rank takes its
-# own position from it. `tests/test_trainers.py` runs each trainer with 2
+# own position from it. `tests/integrations/test_trainers.py` runs each trainer with 2
 # ranks (gloo) and 2 DataLoader workers each.
 
 # %% [markdown]

@@ -37,7 +37,7 @@ job that do not merge, or a deal asked for (``--world-size``/``--num-workers``)
 that cannot be told; 2 a usage error.
 
 From the input to the report: the files are read by
-:mod:`datapipes.checkpoint_files` (nothing unpickled but plain data); each
+:mod:`datapipes.checkpoint.reading` (nothing unpickled but plain data); each
 Loader state found is parsed once into :mod:`datapipes.resume`'s model, and
 the states of one job are merged (:func:`gather`, here); a state that does not
 parse is shown as found. Then:
@@ -76,6 +76,9 @@ In-process, for tutorials and notebooks::
       dealt to world size 2, 0 workers per rank
         rank 0: dp.range(10).shuffle(): 4 items
         rank 1: dp.range(10).shuffle(): 4 items
+
+May import: nodes, datapipes.pipe, datapipes.placement, datapipes.resume,
+datapipes.checkpoint, datapipes.loader.
 """
 
 from __future__ import annotations
@@ -86,8 +89,8 @@ import json
 import sys
 from typing import Any
 
-from datapipes.checkpoint_files import CheckpointError
-from datapipes.checkpoint_files import read_checkpoint as load_checkpoint
+from datapipes.checkpoint.reading import CheckpointError
+from datapipes.checkpoint.reading import read_checkpoint as load_checkpoint
 from datapipes.inspect.job import Shown, elastic_report, job_report
 from datapipes.inspect.recipe import check, check_recipe, load_recipe
 from datapipes.inspect.render import as_json, render

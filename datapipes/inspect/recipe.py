@@ -31,15 +31,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from datapipes.checkpoint_files import CheckpointError
+from datapipes.checkpoint.reading import CheckpointError
 from datapipes.inspect.job import Shown
 from datapipes.inspect.tree import RecipeGraph, recipe_graph, saved_graph
-from datapipes.loader import Loader
+from datapipes.loader.loader import Loader
 from datapipes.pipe import DataPipe
 from datapipes.resume import JobState
 from datapipes.resume.graph import explain_difference
 from nodes import FileListNode, FileReaderNode, Node
-from nodes import torchdata_adapter as torchdata
+from nodes.adapters import torchdata
 from nodes.dispatch import DispatchedSourceNode
 
 # ----- --recipe: loading it -------------------------------------------------------------

@@ -32,7 +32,7 @@ from datapipes.resume import JobSetup, JobState
 from datapipes.resume.claims import ReplayDispatch, whole_epoch
 from datapipes.resume.graph import graph_record, upstream_states
 from nodes import Context, Node
-from nodes import torchdata_adapter as torchdata
+from nodes.adapters import torchdata
 from nodes.consumer_work import ConsumerWork
 from nodes.dispatch import Dispatcher, DispatchSpec
 

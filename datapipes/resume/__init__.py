@@ -5,7 +5,7 @@
   :class:`Remaining`, :class:`JobState`);
 - :mod:`~datapipes.resume.schema` and :mod:`~datapipes.resume.parse`: a raw
   state checked (shapes, then fields against each other) and parsed, once;
-- :mod:`~datapipes.resume.write`: states written out (the layout is there);
+- :mod:`~datapipes.resume.records`: states written out (the layout is there);
 - :mod:`~datapipes.resume.graph`: the graph record a state carries, and raw
   states read for display;
 - :mod:`~datapipes.resume.remaining`: merging ranks' states, what an epoch
@@ -14,6 +14,8 @@
   -> :class:`ResumePlan`, which the Loader carries out.
 
 This package imports neither the Loader nor the takeover code.
+
+May import: nodes, datapipes.pipe, datapipes.placement, datapipes.steps.
 """
 
 from datapipes.resume.model import (
@@ -27,8 +29,8 @@ from datapipes.resume.model import (
 )
 from datapipes.resume.parse import STATE_VERSION, parse_state
 from datapipes.resume.plan import ResumePlan, resume_plan
+from datapipes.resume.records import job_state, rank_state
 from datapipes.resume.remaining import claimed_work, merge_states, remaining_work
-from datapipes.resume.write import job_state, rank_state
 
 __all__ = [
     "STATE_VERSION",

@@ -181,7 +181,7 @@ class ReplayDispatch:
 
         ``claimed_only``: only units the recorded consumers had claimed (the work of a
         rank taken over while the others still hand out the rest, see
-        :mod:`datapipes.takeover`).
+        :mod:`datapipes.dispatch.takeover`).
         """
         claimed: dict[str, set[int]] = {}
         for claims in self._recorded.values():

@@ -22,9 +22,9 @@ from datapipes.resume.model import JobSetup
 from datapipes.resume.schema import rank_path
 from nodes import Node
 from nodes.dispatch import Dispatcher, DispatchSpec
-from nodes.even import EvenBatchesNode
-from nodes.stats import StatsNode
-from nodes.workers import WorkerStreamNode
+from nodes.observe.stats import StatsNode
+from nodes.steps.even import EvenBatchesNode
+from nodes.workers.stream import WorkerStreamNode
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
@@ -231,7 +231,7 @@ def decode_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def node_type(name: Any) -> type[Node[Any]]:
-    """The node class a graph record names (``"nodes.shuffle.BufferShuffleNode"``), among
+    """The node class a graph record names (``"nodes.steps.shuffle.BufferShuffleNode"``), among
     those this process has imported; :class:`nodes.Node` for any other (nothing is imported).
     """
     if isinstance(name, str):
@@ -248,7 +248,8 @@ def upstream_states(entry: dict[str, Any] | None, state: Any) -> list[tuple[int,
     """``(input index, that input's state)`` nested in ``state``, taken by the node that
     ``entry`` (a graph record) describes: that node type's :meth:`nodes.Node.upstream_states`.
 
-    >>> upstream_states({"type": "nodes.combine.ConcatNode"}, {"index": 1, "upstream": {"a": 1}})
+    >>> concat = {"type": "nodes.steps.combine.ConcatNode"}
+    >>> upstream_states(concat, {"index": 1, "upstream": {"a": 1}})
     [(1, {'a': 1})]
     """
     if not isinstance(state, dict):

@@ -1,7 +1,7 @@
 """A Loader state as typed, frozen records: the job's setup, each rank's entry, what is owed.
 
 Every record is built in this package (:mod:`datapipes.resume.parse` from a
-saved state, :mod:`datapipes.resume.write` for a new one) and checked there;
+saved state, :mod:`datapipes.resume.records` for a new one) and checked there;
 the rest of the library reads these attributes, never the raw dict.
 """
 

@@ -22,10 +22,10 @@ from datapipes.resume.model import (
     Remaining,
 )
 from datapipes.resume.schema import check_envelope, node_state, rank_path
-from nodes import torchdata_adapter as torchdata
+from nodes.adapters import torchdata
 from nodes.base import UPSTREAM
 from nodes.errors import InvalidStateError, StateMismatchError
-from nodes.worker_bundles import bundled
+from nodes.workers.bundles import bundled
 
 #: 5: a shard's state records its stream position (``"read"``), and a rank's entry may
 #: hold its consumers' plans after a resume on another topology (``"plans"``), or the

@@ -21,19 +21,19 @@ from datapipes.resume.claims import ReplayDispatch, check_work_bounds, whole_epo
 from datapipes.resume.graph import explain_difference, node_path
 from datapipes.resume.model import JobSetup, JobState, RankEntry, Remaining
 from datapipes.resume.parse import parse_state
+from datapipes.resume.records import job_state
 from datapipes.resume.schema import rank_path
-from datapipes.resume.write import job_state
 from nodes import UPSTREAM, Context, Node
 from nodes import elastic as el
 from nodes.base import walk_graph
 from nodes.consumer_work import ConsumerWork, DealtWork
 from nodes.errors import InvalidStateError, StateMismatchError
-from nodes.file_states import cursors_checked_later
-from nodes.worker_replay import ENDED, with_more_steps, worker_positions
+from nodes.readers.file_states import cursors_checked_later
+from nodes.workers.replay import ENDED, with_more_steps, worker_positions
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
-    from nodes.files import Listings
+    from nodes.sources.files import Listings
 
 
 # ----- merging ------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def claimed_work(
     going on: its position in ``state`` ``since`` items on, and the units its consumers
     claimed (its dispatch record) but had not reached. Unlike :func:`remaining_work`, no
     unit that nobody claimed is in it: the ranks still hand those out (see
-    :mod:`datapipes.takeover`). ``claims``: the rank's consumers' claims as the store
+    :mod:`datapipes.dispatch.takeover`). ``claims``: the rank's consumers' claims as the store
     holds them now (they include units claimed after ``state`` was published)."""
     setup = state.setup
     entry = state.ranks.get(rank)
@@ -322,7 +322,7 @@ def _replay_dispatch(
     epoch: int,
     listings: Any,
 ) -> ReplayDispatch | None:
-    """The claims of ``epoch`` if it was dispatched dynamically (see datapipes.dispatch)."""
+    """The claims of ``epoch`` if it was dispatched dynamically (see datapipes.dispatch.dynamic)."""
     dispatched = [
         entry for entry in entries if entry.dispatch is not None and entry.dispatch.epoch == epoch
     ]
@@ -407,7 +407,7 @@ def _rank_work(
 def _check_main_steps(pipe: DataPipe[Any]) -> None:
     """Steps in the main process above the workers must hold no items of their own."""
     from datapipes.placement import split_main_steps
-    from datapipes.sources import range as empty_range
+    from datapipes.steps.sources import range as empty_range
 
     root = rebuild_on(empty_range(0), split_main_steps(pipe)[1]).build(Context())
     try:

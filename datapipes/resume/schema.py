@@ -1,4 +1,4 @@
-"""The schema of a Loader state's envelope: what :mod:`datapipes.checkpoint` checks first.
+"""The schema of a Loader state's envelope: what :mod:`datapipes.resume.parse` checks first.
 
 Shapes and types come before any comparison with the Loader (recipe,
 topology, seed), so a corrupt state is refused as what it is, with the path
@@ -21,7 +21,7 @@ from typing import Any
 from nodes.elastic.pieces import check_positions, check_records
 from nodes.errors import InvalidStateError
 from nodes.state_checks import check_int, expect_bool, expect_int, expect_keys, is_int
-from nodes.worker_bundles import AUTO
+from nodes.workers.bundles import AUTO
 
 #: A bound for file indices where the listing is not known yet.
 ANY_FILE = 1 << 62

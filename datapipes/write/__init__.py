@@ -1,7 +1,7 @@
 """``dp.write``: a dataset written from a recipe, exactly once, whatever is killed on the way.
 
 Every rank of a job calls :func:`write` with the same recipe and destination.
-The recipe's input is cut into units (:mod:`datapipes.write.plan`); each unit
+The recipe's input is cut into units (:mod:`datapipes.write.shard_plan`); each unit
 becomes its own shards, named after the unit, written by whichever rank or
 DataLoader worker gets it (a :class:`datapipes.Loader` deals the units, with
 the Loader's own options). A rank that has written its share helps with the
@@ -12,6 +12,9 @@ Nothing is kept in memory or in a checkpoint: the destination itself is the
 state. Kill any rank or worker at any moment and call :func:`write` again, on
 any number of ranks: the units already done are skipped, the others written
 again, and the output is byte for byte that of one uninterrupted process.
+
+May import: nodes, datapipes.pipe, datapipes.identity, datapipes.steps, datapipes.resume,
+datapipes.loader.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from datapipes.write.manifest import (
     parse_manifest,
     read_manifest,
 )
-from datapipes.write.plan import WriteOptions, WritePlan, make_plan
+from datapipes.write.shard_plan import WriteOptions, WritePlan, make_plan
 from datapipes.write.unit import UnitWriter, encode_json, read_unit_record
 
 __all__ = [
@@ -93,9 +96,9 @@ def write(
     >>> [shard.records for shard in manifest.shards], manifest.records
     ([10, 2, 10, 3], 25)
     """
-    from datapipes.loader import Loader
-    from datapipes.sources import from_sequence
-    from nodes.workers import WorkerDiedError
+    from datapipes.loader.loader import Loader
+    from datapipes.steps.sources import from_sequence
+    from nodes.workers.stream import WorkerDiedError
 
     check_write_arguments(records_per_shard, bytes_per_shard, min_units, unit_items, stale_seconds)
     if format not in ("jsonl", "tar", "parquet"):

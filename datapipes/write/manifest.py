@@ -61,7 +61,7 @@ class Manifest:
 
     def files(self, **options: Any) -> Any:
         """The shards as a :func:`datapipes.files` list (in the manifest's order)."""
-        from datapipes.files import files
+        from datapipes.steps.files import files
 
         return files(self.urls(), **options)
 

@@ -24,7 +24,7 @@ from typing import Any
 from datapipes.pipe import DataPipe
 from datapipes.write.destination import META, Destination, NewFile
 from datapipes.write.formats import ShardFormat, shard_format
-from datapipes.write.plan import Unit, WritePlan
+from datapipes.write.shard_plan import Unit, WritePlan
 
 #: Bumped when the layout of unit records or the manifest changes.
 WRITE_VERSION = 2

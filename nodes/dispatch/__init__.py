@@ -18,6 +18,9 @@ made after their last snapshot. Nothing in the store marks a unit done: a
 unit is done when a checkpoint shows its last item delivered, so a resume
 (:func:`datapipes.resume.remaining_work`) hands out again exactly the items
 no consumer delivered.
+
+May import: nodes.base, nodes.errors, nodes.state_checks, nodes.consumer_work,
+nodes.elastic.
 """
 
 from nodes.dispatch.dispatcher import Dispatcher, DispatchSpec

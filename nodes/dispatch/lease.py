@@ -32,7 +32,7 @@ A value is a small JSON object:
 
 A rank that finished its claims waits for the other ranks' leases: a lease that
 stays the same for ``lease_seconds`` (by the waiter's clock) is stale, and the
-waiter takes it over (see :mod:`datapipes.takeover`).
+waiter takes it over (see :mod:`datapipes.dispatch.takeover`).
 """
 
 from __future__ import annotations
@@ -317,9 +317,9 @@ class LeaseWatch:
         its taker delivers the rest of), else ``None``.
 
         ``raw`` may itself be a taken lease whose taker stopped before it published the
-        work it took (see :meth:`datapipes.takeover.Takeovers._published_work`): the lease is taken
-        again, and the position is the one the first taker took, which the taken value
-        carries (``was``)."""
+        work it took (see :meth:`datapipes.dispatch.takeover.Takeovers._published_work`):
+        the lease is taken again, and the position is the one the first taker took, which
+        the taken value carries (``was``)."""
         old = decode(raw, lease_key(self.key, rank))
         beat = old["beat"] + 1 if old is not None else 0
         was = NEVER_STARTED if old is None else old.get("was") if old["status"] == TAKEN else old

@@ -61,7 +61,7 @@ class DispatchedSourceNode(Node):
     @property
     def _plan(self) -> list[el.Piece] | None:
         """The pieces of the first unit this consumer claimed (a flat_map's leading
-        selections: ``nodes.transforms.leading_selections``)."""
+        selections: ``nodes.steps.transforms.leading_selections``)."""
         if not self._claims:
             return None
         return self._dispatcher.units(self.place)[self._claims[0]]

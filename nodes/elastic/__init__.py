@@ -37,6 +37,8 @@ no exact answer, and a resume on another topology is refused naming the step.
 
 A source under a ``repeat`` names its work per round, ``"<place>@<round>"``
 (see :mod:`nodes.rounds`).
+
+May import: nodes.base, nodes.errors, nodes.state_checks, nodes.rounds.
 """
 
 from nodes.elastic.conversion import (

@@ -96,7 +96,7 @@ def consumer_work(
     ``repeat`` that any consumer reached (:func:`nodes.rounds.rounds_reached`
     of every consumer's work; ``{}`` when none is known yet); this consumer's whole
     shares of the rounds after its own are work too
-    (:meth:`nodes.repeat.RepeatNode.rounds_ahead`).
+    (:meth:`nodes.steps.repeat.RepeatNode.rounds_ahead`).
     """
     check_graph(root)
     nodes = list(sources_and_nodes(root))

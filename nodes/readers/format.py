@@ -9,7 +9,7 @@ from nodes.errors import ErrorPolicy, InvalidStateError
 from nodes.storage import SourceFile
 
 if TYPE_CHECKING:
-    from nodes.files import FileSet
+    from nodes.sources.files import FileSet
 
 Cursor = Any  # plain data (int, list of ints, dict) marking the start of a block
 

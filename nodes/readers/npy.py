@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npformat
 
+from nodes.adapters.third_party import read_npy_header_3_0
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.readers.reader import Cursor, RecordFormat
 from nodes.state_checks import check_int
 from nodes.storage import SourceFile, read_full
-from nodes.third_party_adapter import read_npy_header_3_0
 
 
 def read_npy_header(f: Any, url: str) -> tuple[tuple[int, ...], np.dtype, int]:

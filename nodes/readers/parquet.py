@@ -34,7 +34,7 @@ from nodes.state_checks import is_int
 from nodes.storage import SourceFile
 
 if TYPE_CHECKING:
-    from nodes.files import FileSet
+    from nodes.sources.files import FileSet
 
 #: Rows per block at most, and the encoded column bytes a block holds about (when
 #: ``batch_size`` is not given, from the row group's sizes in the footer).

@@ -7,7 +7,7 @@ from typing import Any
 
 from nodes.errors import ErrorPolicy, InvalidStateError
 from nodes.readers.format import Cursor, RecordFormat
-from nodes.readers.tar import split_name
+from nodes.readers.tar.samples import split_name
 from nodes.storage import SourceFile
 
 

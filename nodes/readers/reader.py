@@ -10,10 +10,10 @@ from typing import Any
 from nodes import elastic as el
 from nodes.base import Context, Node, NotReset, State
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
-from nodes.file_states import check_cursor, validate_reader
-from nodes.files import FileSet, Unit, consumer_units, unit_piece
 from nodes.iterators import list_iterator_position, positioned_iterator
+from nodes.readers.file_states import check_cursor, validate_reader
 from nodes.readers.format import Cursor, RecordFormat
+from nodes.sources.files import FileSet, Unit, consumer_units, unit_piece
 
 Tally = tuple[int, int, int, int, int]  # ErrorPolicy.tally(): skips, files, ranges, bytes, rows
 

@@ -20,6 +20,8 @@ Each module has one job:
   read timeout); no other module looks at fsspec class names or error text;
 - :mod:`~nodes.storage.fsspec_s3`: how s3fs and botocore report failures (the HTTP status
   behind an s3fs ``OSError``, botocore's network errors), for ``is_transient``.
+
+May import: nodes.errors.
 """
 
 from nodes.storage.compression import Decompressed, ZstdReader, decompressing

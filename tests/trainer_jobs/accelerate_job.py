@@ -1,6 +1,6 @@
 """A tiny HF Accelerate job over a datapipes Loader: train, or stop mid-epoch after
 ``save_state``, or resume with ``load_state``; each process writes the batches it trained
-on (tests/test_trainers.py). Several processes: run it under torchrun.
+on (tests/integrations/test_trainers.py). Several processes: run it under torchrun.
 
 python accelerate_job.py OUT_DIR --workers 0|2 [--stop STEP] [--resume STATE_DIR]
 """

@@ -1,6 +1,6 @@
 """A tiny Hugging Face Trainer job over a datapipes Loader (dp.use_in_hf_trainer): train,
 or stop mid-epoch right after a checkpoint, or resume from one; writes the batches it
-trained on (tests/test_trainers.py).
+trained on (tests/integrations/test_trainers.py).
 
 python hf_job.py OUT_DIR --workers 0|2 [--stop STEP] [--resume CHECKPOINT_DIR]
 """
@@ -15,7 +15,7 @@ from common import BATCH, EPOCHS, ITEMS, SEED, arguments, recipe, write_seen
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import datapipes as dp
-from datapipes.hf_trainer import use_in_hf_trainer
+from datapipes.integrations.hf_trainer import use_in_hf_trainer
 
 
 def record(x: int) -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
 """A tiny Lightning job over a datapipes Loader: train, or stop mid-epoch with a checkpoint,
-or resume from one; each rank writes the batches it trained on (tests/test_trainers.py).
+or resume from one; each rank writes the batches it trained on
+(tests/integrations/test_trainers.py).
 
 python lightning_job.py OUT_DIR --devices 1|2 --workers 0|2 [--stop STEP] [--resume CKPT]
 """

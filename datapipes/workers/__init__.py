@@ -1,0 +1,7 @@
+"""A recipe run inside torch DataLoader worker processes.
+
+- :mod:`~datapipes.workers.in_workers`: the ``in_workers`` step and its plan;
+- :mod:`~datapipes.workers.torch_dataset`: the ``IterableDataset`` each worker runs.
+
+May import: nodes, datapipes.pipe, datapipes.placement, datapipes.topology, datapipes.resume.
+"""

@@ -1,0 +1,10 @@
+"""Images and audio: decoding, JPEG on CPU and GPU, crops, resizing.
+
+- :mod:`~nodes.media.decode`: bytes to arrays by file type; :mod:`~nodes.media.jpeg`,
+  :mod:`~nodes.media.device_jpeg`: JPEG on the CPU and on the GPU;
+- :mod:`~nodes.media.crops`, :mod:`~nodes.media.image_resize`: crops and resizing;
+- :mod:`~nodes.media.intra_op`: small torch ops on one intra-op thread;
+- :mod:`~nodes.media.audio`: audio files.
+
+May import: nodes.base, nodes.errors, nodes.state_checks.
+"""

@@ -1,0 +1,450 @@
+"""Items computed in DataLoader worker processes, as a node of the main-process graph."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import signal
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+from nodes.adapters import torchdata
+from nodes.base import Node, NotReset, State
+from nodes.errors import InvalidStateError
+from nodes.exit_close import close_at_exit, closed
+from nodes.origins import OriginReader, reads_ahead
+from nodes.rng import stable_hash
+from nodes.workers.bundles import FailedInBundle, bundled
+from nodes.workers.parent_watch import WatchMainProcess
+from nodes.workers.states import validate_workers_state
+
+#: The main process snapshots the workers' states every ``SNAPSHOT_EVERY``
+#: items (torchdata's ``snapshot_every_n_steps``); workers send their states
+#: only with the items near a snapshot. A resume restores the last snapshot and
+#: replays the items since, fewer than ``SNAPSHOT_EVERY``. Measured on the JSONL
+#: benchmark (2 workers, 10,000-item shuffle buffer): a state with every item
+#: costs the main process 0.5 ms per batch; at 32 the cost is within noise of a
+#: StatefulDataLoader over a dataset with no state at all.
+SNAPSHOT_EVERY = 32
+
+
+def keep_as_is(item: Any) -> Any:
+    """The DataLoader's collate for items the pipeline made: unchanged (no tuple -> list)."""
+    return item
+
+
+def stateful_dataloader(dataset: Any, num_workers: int, epoch: int, **options: Any) -> Any:
+    """A torchdata ``StatefulDataLoader`` over ``dataset`` yielding its items as they are.
+
+    The workers' base seed (from which torch seeds their ``random`` and
+    ``torch`` generators) comes from the dataset's ``seed``, its rank and
+    ``epoch``, not from torch's global generator, which the DataLoader would
+    otherwise draw from, so iterating never moves the training process's RNG
+    and the workers of different ranks draw differently.
+    """
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    # Every worker first makes sure it ends with the main process (see nodes.workers.parent_watch).
+    options["worker_init_fn"] = WatchMainProcess(
+        options.get("worker_init_fn"), start_method(options.get("multiprocessing_context"))
+    )
+    topology = getattr(dataset, "topology", None)
+    rank = getattr(topology, "rank", 0)
+    key = f"datapipes workers {getattr(dataset, 'seed', 0)} {rank} {epoch}"
+    with warnings.catch_warnings():
+        # torchdata calls a torch API deprecated in torch >= 2.6 on every construction.
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        return StatefulDataLoader(
+            dataset,
+            batch_size=None,
+            collate_fn=keep_as_is,  # the default would turn tuples into lists, arrays to tensors
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(stable_hash(key)),
+            **{"snapshot_every_n_steps": SNAPSHOT_EVERY, **options},
+        )
+
+
+def start_method(context: Any) -> str:
+    """How worker processes start under a DataLoader's ``multiprocessing_context``."""
+    if context is None:
+        return multiprocessing.get_start_method()
+    return context if isinstance(context, str) else context.get_start_method()
+
+
+def _without_stats(state: dict[str, Any]) -> dict[str, Any]:
+    """The DataLoader's state without the statistics the workers' states carry.
+
+    Statistics ride on the workers' states to reach this process (see
+    ``TorchDataset.state_dict``); a checkpoint stays the same with them on or
+    off. Anything unexpected is kept.
+    """
+    return torchdata.map_dataset_states(state, _drop_stats)
+
+
+def _drop_stats(dataset: Any) -> Any:
+    if isinstance(dataset, dict) and "stats" in dataset:
+        return {k: v for k, v in dataset.items() if k != "stats"}
+    return dataset
+
+
+class WorkerDiedError(RuntimeError):
+    """A DataLoader worker process ended abruptly (a signal, ``os._exit``, the OOM killer)."""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _died_as_they_started(message: str) -> str:
+    """``"worker process(es) pid 123"`` from torch's error for workers that died before the
+    node knew them (``DataLoader worker (pid(s) 123) exited unexpectedly``), else ``""``."""
+    found = re.search(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly", message)
+    return f"worker process(es) pid {found.group(1)}" if found else ""
+
+
+class WorkerStreamNode(Node):
+    """Runs a dataset in ``num_workers`` processes through torchdata's ``StatefulDataLoader``.
+
+    ``dataset`` is a :class:`datapipes.TorchDataset` (an ``IterableDataset``
+    that shards itself by worker and resumes exactly); ``epoch()`` gives the
+    epoch to run at each ``reset``. Workers take turns: item ``k`` comes from
+    worker ``k mod num_workers`` while all of them have items, then from the
+    ones that still do, the same order every run.
+
+    State: the ``StatefulDataLoader`` state: every worker's dataset state as
+    of the last snapshot (taken every ``SNAPSHOT_EVERY`` items), which worker
+    is next, and how many items were returned since the snapshot; a resume
+    restores the snapshot and replays those items, so it continues exactly
+    after the last item *returned* here (items the workers had computed ahead
+    are computed again). Errors in a worker are raised here with the worker's
+    traceback; a worker that dies ends the epoch with an error naming it.
+
+    ``items_per_transfer=K > 1`` or ``"auto"``: the dataset sends lists of up
+    to ``K`` items (``"auto"``: up to 16, fewer when they are big; see
+    :mod:`nodes.workers.bundles`), dealt out here one by one, so the
+    DataLoader's steps count bundles and the order is runs of a bundle per
+    worker in turn. The state adds ``"taken"``: items of the current bundle
+    already returned, with the DataLoader's state as of *before* that bundle
+    (a resume computes the bundle again and skips them); ``0`` with the state
+    after the last bundle when it was used up; and ``"items_per_transfer"``:
+    ``K`` or ``"auto"`` (states saved without it are read as before).
+    """
+
+    kind = "workers"
+
+    #: its input runs elsewhere (a thread, worker processes): see nodes.observe.stats
+    upstream_in_background = True
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_workers: int,
+        epoch: Callable[[], int],
+        *,
+        items_per_transfer: int | str = 1,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        if num_workers < 1:
+            raise ValueError(f"WorkerStreamNode needs num_workers >= 1, got {num_workers}")
+        self._per_transfer = items_per_transfer
+        self._bundles = bundled(items_per_transfer)
+        # With bundles: the current one, how many of its items were returned, the
+        # DataLoader's state before it, and items to skip in the first one after a resume.
+        self._bundle: list[Any] | None = None
+        self._taken = 0
+        self._before: Any = None
+        self._skip = 0
+        self._dataset = dataset
+        self._num_workers = num_workers
+        self._epoch = epoch
+        self._options = options
+        self._persistent = bool(options.get("persistent_workers"))
+        self._loader: Any = None
+        self._it: Iterator[Any] = NotReset(self)
+        self._workers: Any = None  # the DataLoader iterator that owns the worker processes
+        self._finished_epoch: int | None = None
+        self._ended = False
+        self._closed_state: State | None = None
+        self._final_states: list[Any] = []
+        self._died_idle = ""  # persistent workers found dead at reset, reported at next()
+        self._exits_seen = 0  # torchdata.child_exits when the workers were last checked
+        self._returned = 0  # items returned in this epoch (a resume counts the ones before)
+        self._last_good: State | None = None  # the DataLoader's state at a multiple of that
+
+    def reset(self, state: State | None = None) -> None:
+        epoch = self._epoch()
+        # Persistent workers go on to the next epoch by themselves (each copy of the dataset
+        # counts its passes); a resume or any other epoch needs fresh ones.
+        reuse = state is None and self._workers is not None and self._finished_epoch == epoch - 1
+        # A persistent worker killed while it waited is reported at the first next(); the
+        # epoch starts in fresh workers, so the state then is this epoch's start.
+        self._died_idle = self._dead_workers() if reuse else ""
+        if not reuse or self._died_idle:
+            self._stop_workers()
+            self._dataset.set_epoch(epoch)
+            self._loader = stateful_dataloader(
+                self._dataset, self._num_workers, epoch, **self._options
+            )
+        self._finished_epoch = None
+        self._closed_state = None
+        self._final_states = []
+        self._ended = state is not None and bool(state.get("ended"))
+        if state is not None and not self._ended:
+            self._loader.load_state_dict(state["dataloader"])
+        try:
+            self._it = iter(()) if self._ended else iter(self._loader)
+        except BaseException as error:
+            # Raised as the DataLoader started: a worker resumed at ``state`` refused it (a
+            # position its data does not have), or a persistent worker died just as the
+            # epoch began. The node keeps the position it was given: its close() and
+            # state_dict() start no workers (torch would fast-forward new ones to raise
+            # the same again).
+            self._loader = None
+            if state is not None:
+                self._closed_state = dict(state)
+            dead = self._dead_workers() if isinstance(error, RuntimeError) else ""
+            if not dead and isinstance(error, RuntimeError):  # the new workers torch started
+                dead = _died_as_they_started(str(error))
+            self._stop_workers()
+            torchdata.shutdown_failed_start(error)
+            if not dead:
+                raise
+            raise WorkerDiedError(
+                f"DataLoader {dead} died as epoch {epoch} began, before it read anything; "
+                "nothing was lost: iterate again to run the epoch in new workers."
+            ) from error
+        if not self._ended:
+            self._workers = self._it
+            close_at_exit(self)
+            torchdata.watch_deaths(self._it)  # reported by __next__, never from user code
+        self._exits_seen = torchdata.child_exits
+        self._last_good = None
+        self._returned = 0
+        self._bundle, self._taken, self._before, self._skip = None, 0, None, 0
+        if state is not None and not self._ended and state.get("taken"):
+            self._before, self._skip = state["dataloader"], state["taken"]
+        if state is not None and not self._ended:
+            summary = torchdata.snapshot_summary(state["dataloader"])
+            self._returned = summary["snapshot_step"] + summary["steps_since"]
+
+    def __next__(self) -> Any:
+        if self._bundles:
+            return self._next_of_bundle()
+        return self._next_transfer()
+
+    def _next_of_bundle(self) -> Any:
+        """The next item of the current bundle, or of the next one the workers send."""
+        if self._bundle is None or self._taken >= len(self._bundle):
+            self._bundle = None
+            if self._skip:  # resumed inside a bundle: it is computed again, its head skipped
+                before, taken = self._before, self._skip
+            else:
+                before = None if self._ended else self._loader.state_dict()
+                taken = 0
+            try:
+                bundle = self._next_transfer()
+            except StopIteration:
+                if self._skip:
+                    raise self._past_the_data() from None
+                raise
+            self._skip = 0
+            if taken >= len(bundle):
+                raise self._past_the_data(len(bundle))
+            self._bundle, self._before, self._taken = bundle, before, taken
+        item = self._bundle[self._taken]
+        if isinstance(item, FailedInBundle):  # the worker raised after the items before it
+            position = self._position()  # a resume computes the bundle again: raised again
+            self._bundle = None
+            self._stop_workers()
+            self._closed_state = position
+            raise item.error
+        self._taken += 1
+        return item
+
+    def _past_the_data(self, size: int = 0) -> InvalidStateError:
+        taken, self._skip = self._skip, 0
+        self._closed_state = {"ended": False, "dataloader": self._before, **self._bundled(taken)}
+        self._stop_workers()
+        return InvalidStateError(
+            "taken",
+            f"fewer items than the resumed bundle holds ({size})",
+            taken,
+            note="the workers sent fewer items after the saved position than it says were "
+            "taken; the state does not belong to this recipe and data",
+        )
+
+    def _next_transfer(self) -> Any:
+        if self._exits_seen != torchdata.child_exits or self._died_idle:
+            self._check_workers()  # a child process ended since the last look: ours?
+        if not self._returned % SNAPSHOT_EVERY and not self._ended:
+            self._last_good = self._loader.state_dict()  # where a resume could restart
+        try:
+            item = next(self._it)
+        except StopIteration:
+            if not self._ended:  # the first time only; an ended epoch stays ended
+                self._end_epoch()
+            raise
+        except BaseException as error:
+            self._fail(error, self._dead_workers() if isinstance(error, RuntimeError) else "")
+        self._returned += 1  # nothing between here and the return can raise or run a handler
+        return item
+
+    def _check_workers(self) -> None:
+        self._exits_seen = torchdata.child_exits
+        dead = self._died_idle or self._dead_workers()
+        if dead and not self._ended:
+            self._fail(None, dead)
+
+    def _fail(self, error: BaseException | None, dead: str) -> NoReturn:
+        """End the epoch after ``error`` (or workers found ``dead``): keep the position of
+        the last item returned, stop the workers now rather than at garbage collection."""
+        idle, self._died_idle = self._died_idle, ""
+        self._closed_state = self._position()
+        self._stop_workers()
+        if not dead:
+            assert error is not None
+            raise error
+        if idle:
+            raise WorkerDiedError(
+                f"DataLoader {dead} died while waiting between epochs (persistent_workers="
+                f"True), before epoch {self._epoch()} read anything; nothing was lost. "
+                "Common causes: the machine ran out of memory (the kernel's OOM killer sends "
+                "SIGKILL), or something killed it. Load the Loader's state_dict() (taken "
+                f"now, it restarts epoch {self._epoch()}) or the last checkpoint to go on."
+            ) from error
+        raise WorkerDiedError(
+            f"DataLoader {dead} died during epoch {self._epoch()}; the epoch cannot "
+            "continue. Common causes: the machine ran out of memory (the kernel's OOM "
+            "killer sends SIGKILL), or native code crashed. Resume from the last checkpoint."
+        ) from error
+
+    def _position(self) -> State:
+        """The state as of the last item this node returned.
+
+        torch counts an item before it reaches the caller; an exception in between (a
+        signal, Ctrl-C) would leave the DataLoader's state one item ahead: then the
+        state is rebuilt from its snapshot, or the one ``SNAPSHOT_EVERY`` items back.
+        """
+        if self._ended or self._loader is None:
+            return self.state_dict()
+        inside = self._inside_bundle()
+        if inside is not None:
+            return inside
+        taken = self._bundled(0) if self._bundles else {}
+        for state in (self._loader.state_dict(), self._last_good):
+            at = torchdata.at_step(state, self._returned)
+            if at is not None:
+                return {"ended": False, "dataloader": _without_stats(at), **taken}
+        return self.state_dict()
+
+    def _inside_bundle(self) -> State | None:
+        """The state in the middle of a bundle: the DataLoader's before it, items taken."""
+        if self._skip:
+            return {"ended": False, "dataloader": self._before, **self._bundled(self._skip)}
+        if self._bundle is not None and self._taken < len(self._bundle):
+            before = _without_stats(self._before)
+            return {"ended": False, "dataloader": before, **self._bundled(self._taken)}
+        return None
+
+    def _bundled(self, taken: int) -> State:
+        """What a state adds where transfers hold several items: those of the current one
+        taken, and how many one holds (so a state whose topology was edited is refused)."""
+        return {"taken": taken, "items_per_transfer": self._per_transfer}
+
+    def _end_epoch(self) -> None:
+        self._ended = True
+        self._final_states = self._received_states(self._it) or []
+        if self._persistent:  # the workers wait for the next epoch
+            self._finished_epoch = self._epoch()
+            self._it = iter(())
+        else:
+            self._stop_workers()
+
+    def _dead_workers(self) -> str:
+        """``"worker 1 (pid 123, killed by SIGKILL)"`` for each worker process that has died."""
+        found = []
+        for worker_id, process in enumerate(torchdata.worker_processes(self._workers)):
+            code = process.exitcode
+            if code is None or code == 0:
+                continue
+            how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit code {code}"
+            found.append(f"worker {worker_id} (pid {process.pid}, {how})")
+        return ", ".join(found)
+
+    def state_dict(self) -> State:
+        if self._closed_state is not None:
+            return dict(self._closed_state)
+        if self._ended or self._loader is None:
+            return {"ended": self._ended}
+        state = {"ended": False, "dataloader": _without_stats(self._loader.state_dict())}
+        if self._bundles:
+            return self._inside_bundle() or {**state, **self._bundled(0)}
+        return state
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset the workers run (a :class:`datapipes.TorchDataset`)."""
+        return self._dataset
+
+    @property
+    def num_workers(self) -> int:
+        """How many worker processes run it."""
+        return self._num_workers
+
+    @property
+    def items_per_transfer(self) -> int | str:
+        """How many items a worker sends per DataLoader transfer (1: one at a time; ``K``:
+        up to ``K``; ``"auto"``: see :mod:`nodes.workers.bundles`)."""
+        return self._per_transfer
+
+    def worker_states(self) -> list[Any]:
+        """The latest dataset state each worker sent (``None`` for a worker that sent none).
+
+        Workers send their state near every snapshot and when they run out, so
+        mid-epoch this may lag the items returned by up to ``SNAPSHOT_EVERY``;
+        after the epoch it is complete.
+        """
+        received = self._received_states(self._it)
+        return received if received is not None else self._final_states
+
+    def _received_states(self, it: Any) -> list[Any] | None:
+        return torchdata.latest_worker_states(it, self._num_workers)
+
+    def _stop_workers(self) -> None:
+        if self._workers is not None:  # else no module global is used (see nodes.exit_close)
+            torchdata.shutdown_workers(self._workers)
+            closed(self)
+        self._workers = None
+        self._finished_epoch = None
+        self._it = iter(())
+
+    def validate_state(self, state: Any, path: str = "node") -> None:
+        """Refuse a state the workers could not resume: every worker's snapshot is checked
+        against the graph that worker builds (in this process, before any worker starts)."""
+        every = self._options.get("snapshot_every_n_steps", SNAPSHOT_EVERY)
+        validate_workers_state(
+            self._dataset,
+            self._num_workers,
+            self._epoch(),
+            state,
+            path,
+            snapshot_every=every,
+            max_replay=SNAPSHOT_EVERY - 1,  # a state rebuilt from the last good one (_position)
+            items_per_transfer=self._per_transfer,
+        )
+
+    def origin_reader(self) -> OriginReader:
+        raise reads_ahead(self)
+
+    def close(self) -> None:
+        if self._closed_state is None and self._loader is not None:
+            self._closed_state = self._position()
+            # The workers' last reports (skips, drops, statistics) outlive their processes.
+            self._final_states = self._received_states(self._it) or self._final_states
+        self._stop_workers()
