@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from datapipes.observe.stats_figure import draw
 from nodes.errors import add_losses
 
 
@@ -102,9 +103,16 @@ class PipelineStats:
         second and the training loop's wait, then each step's share of the work, the
         slowest step marked. Saved to ``path`` when given (``.png``, ``.svg``, ``.pdf``).
         """
-        from datapipes.observe.stats_figure import draw
-
-        return draw(self, path)
+        slowest = self.slowest()
+        return draw(
+            timeline=self.timeline,
+            steps=[step.step for step in self.steps],
+            slowest=None if slowest is None else slowest.step,
+            epoch=self.epoch,
+            delivered=self.delivered,
+            elapsed_seconds=self.elapsed_seconds,
+            path=path,
+        )
 
     def log_to(self, writer: Any, global_step: int) -> None:
         """Scalars for TensorBoard through a ``SummaryWriter`` (anything with

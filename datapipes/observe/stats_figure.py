@@ -3,10 +3,8 @@ marked (matplotlib, the optional ``plots`` extra)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the stats call draw(): a type only, or the two would import each other
-    from datapipes.observe.stats import PipelineStats
+from collections.abc import Sequence
+from typing import Any
 
 
 def pyplot(path: str | None, caller: str) -> Any:
@@ -25,13 +23,26 @@ def pyplot(path: str | None, caller: str) -> Any:
     return plt
 
 
-def draw(stats: PipelineStats, path: str | None = None) -> Any:
+def draw(
+    *,
+    timeline: Sequence[dict[str, Any]],
+    steps: Sequence[str],
+    slowest: str | None,
+    epoch: int,
+    delivered: int,
+    elapsed_seconds: float,
+    path: str | None = None,
+) -> Any:
     """Two panels over the epoch's time: outputs per second with the share of each interval
     the training loop waited for data, then each step's share of the pipeline's own time
-    per interval, the slowest step drawn bold and named in the title."""
+    per interval, the slowest step drawn bold and named in the title.
+
+    The figure takes the statistics' plain parts (:class:`~datapipes.PipelineStats`'s
+    ``timeline``, its step names, the slowest step's name, the epoch and its totals), not
+    the statistics themselves: the stats import the figure, never the other way."""
     plt = pyplot(path, "PipelineStats.figure()")
     points = [{"seconds": 0.0, "delivered": 0, "waited": 0.0, "steps": {}}]
-    for point in stats.timeline:  # a point within 10 ms of the one before replaces it
+    for point in timeline:  # a point within 10 ms of the one before replaces it
         if point["seconds"] - points[-1]["seconds"] < 0.01 and len(points) > 1:
             points[-1] = point
         else:
@@ -52,9 +63,7 @@ def draw(stats: PipelineStats, path: str | None = None) -> Any:
     wait_axes.set_ylabel("training loop waited (%)")
     rate_axes.legend(loc="upper left")
     wait_axes.legend(loc="upper right")
-    slowest = stats.slowest()
-    names = [step.step for step in stats.steps]
-    for name in names:
+    for name in steps:
         shares = []
         for before, after in zip(points, points[1:]):
             own = sum(after["steps"].values()) - sum(before["steps"].values())
@@ -62,15 +71,15 @@ def draw(stats: PipelineStats, path: str | None = None) -> Any:
             mine = max(0.0, after["steps"].get(name, 0.0) - before["steps"].get(name, 0.0))
             if after["seconds"] > before["seconds"]:
                 shares.append(100 * mine / own if own > 0 else 0.0)
-        bold = slowest is not None and name == slowest.step
+        bold = name == slowest
         share_axes.plot(times, shares, linewidth=3 if bold else 1, label=name)
     share_axes.set_ylabel("share of the steps' own time (%)")
     share_axes.set_xlabel("seconds into the epoch")
     share_axes.legend(loc="best", fontsize="small")
-    rate = stats.delivered / stats.elapsed_seconds if stats.elapsed_seconds else 0.0
+    rate = delivered / elapsed_seconds if elapsed_seconds else 0.0
     figure.suptitle(
-        f"epoch {stats.epoch}: {stats.delivered:,} outputs, {rate:,.1f}/s"
-        + ("" if slowest is None else f"; slowest step: {slowest.step}")
+        f"epoch {epoch}: {delivered:,} outputs, {rate:,.1f}/s"
+        + ("" if slowest is None else f"; slowest step: {slowest}")
     )
     figure.tight_layout()
     if path is not None:
