@@ -122,11 +122,12 @@ def digest(kept: list[tuple[int, int]]) -> tuple[int, int]:
     return sum(k[0] for k in kept), sum(k[1] for k in kept)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import compare  # the measuring and the report (it imports this module)
+if __name__ == "__main__":  # python benchmarks/parquet_read.py: compare.py's parquet workload
+    import subprocess
 
-    compare.main(["--only", "parquet", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    main()
+    here = Path(__file__).resolve().parent
+    sys.exit(
+        subprocess.call(
+            [sys.executable, str(here / "compare.py"), "--only", "parquet"] + sys.argv[1:]
+        )
+    )
