@@ -50,7 +50,7 @@ from nodes.errors import BadRecordError, BadRecordWarning
 from nodes.steps.collate import default_collate, no_collate
 from nodes.steps.even import UnevenDataWarning
 from nodes.steps.random_map import RandomMapError
-from nodes.workers.stream import WorkerDiedError
+from nodes.workers.dataloader import WorkerDiedError
 
 __version__: str = package_version()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -68,6 +69,45 @@ def check_no_main_steps(pipe: DataPipe[Any]) -> None:
         stack.extend(step.inputs)
 
 
+@dataclass(frozen=True)
+class RecipePlan:
+    """A recipe split once into the part its consumers run and the main-process steps.
+
+    Made where the recipe is given (a Loader, once), checked there (replay
+    order, main-process steps), and passed to whoever needs the recipe, its
+    parts or its identity, so nothing splits or fingerprints it again.
+
+    >>> import datapipes as dp
+    >>> plan = RecipePlan.of(dp.range(4).map(abs).pin_memory(), num_workers=2)
+    >>> plan.worker_part, [step.name for step in plan.main_steps]
+    (dp.range(4).map(abs), ['pin_memory'])
+    >>> plan.consumer_part(0) is plan.recipe
+    True
+    """
+
+    recipe: DataPipe[Any]
+    num_workers: int
+    worker_part: DataPipe[Any]
+    main_steps: tuple[DataPipe[Any], ...]
+    fingerprint: str
+    steps: tuple[str, ...]
+
+    @classmethod
+    def of(cls, recipe: DataPipe[Any], num_workers: int) -> RecipePlan:
+        """Split and check ``recipe`` for a Loader with ``num_workers`` DataLoader workers."""
+        worker, main_steps = split_main_steps(recipe)
+        _check_replay_order(recipe, worker, num_workers)
+        return cls(
+            recipe, num_workers, worker, tuple(main_steps), recipe.fingerprint(),
+            tuple(recipe.steps()),
+        )  # fmt: skip
+
+    def consumer_part(self, num_workers: int) -> DataPipe[Any]:
+        """What one consumer of a job with ``num_workers`` workers per rank runs: the whole
+        recipe without workers, the worker part with them (a saved job's may differ)."""
+        return self.worker_part if num_workers else self.recipe
+
+
 def worker_part(pipe: DataPipe[Any], num_workers: int) -> DataPipe[Any]:
     """The part of ``pipe`` a consumer runs: all of it without DataLoader workers, the part
     below the main-process steps (:func:`split_main_steps`) with them."""
@@ -101,29 +141,33 @@ def check_replay_order(
     ``StatefulDataLoader``'s workers may replay.
     """
 
-    def walk(step: DataPipe[Any], replayed_by: str | None, in_workers: bool) -> None:
-        if step.unordered and replayed_by is not None:
-            raise ValueError(
-                f".{step.describe_step()} yields items in the order they finish, but "
-                f"{replayed_by}, so a resume would lose some items and repeat others. Use "
-                "ordered=True (the default), or put the unordered map after the steps that "
-                "replay, with no DataLoader workers."
-            )
-        if in_workers and step.name == "map" and step.kwargs.get("method") == "process":
-            raise ValueError(
-                f".{step.describe_step()} would start processes inside DataLoader workers, "
-                "which may not have children. Use method='thread' there, or drop the map's "
-                "num_workers and raise the Loader's num_workers instead."
-            )
-        if step.replays_input:
-            replayed_by = f".{step.describe_step()} {step.replay_note}"
-        for upstream in step.inputs:
-            walk(upstream, replayed_by, in_workers)
-
     if in_torch_dataset:
-        walk(pipe, WORKERS_REPLAY, in_workers=False)
+        _walk_replays(pipe, WORKERS_REPLAY, in_workers=False)
         return
-    worker_part, _ = split_main_steps(pipe)
-    walk(pipe, None, in_workers=False)
+    _check_replay_order(pipe, split_main_steps(pipe)[0], num_workers)
+
+
+def _check_replay_order(pipe: DataPipe[Any], worker: DataPipe[Any], num_workers: int) -> None:
+    _walk_replays(pipe, None, in_workers=False)
     if num_workers:
-        walk(worker_part, WORKERS_REPLAY, in_workers=True)
+        _walk_replays(worker, WORKERS_REPLAY, in_workers=True)
+
+
+def _walk_replays(step: DataPipe[Any], replayed_by: str | None, in_workers: bool) -> None:
+    if step.unordered and replayed_by is not None:
+        raise ValueError(
+            f".{step.describe_step()} yields items in the order they finish, but "
+            f"{replayed_by}, so a resume would lose some items and repeat others. Use "
+            "ordered=True (the default), or put the unordered map after the steps that "
+            "replay, with no DataLoader workers."
+        )
+    if in_workers and step.name == "map" and step.kwargs.get("method") == "process":
+        raise ValueError(
+            f".{step.describe_step()} would start processes inside DataLoader workers, "
+            "which may not have children. Use method='thread' there, or drop the map's "
+            "num_workers and raise the Loader's num_workers instead."
+        )
+    if step.replays_input:
+        replayed_by = f".{step.describe_step()} {step.replay_note}"
+    for upstream in step.inputs:
+        _walk_replays(upstream, replayed_by, in_workers)

@@ -27,55 +27,33 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from datapipes.loader.listings import check_same_listings
-from datapipes.placement import worker_part
 from datapipes.resume.claims import epoch_work
 from datapipes.resume.records import dispatch_record
 from nodes import Context
 from nodes import elastic as el
-from nodes.dispatch import DispatchSpec
+from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.dispatch.dispatcher import epoch_keys, recorded_claims
 from nodes.dispatch.lease import changes_key, lease_key, state_key, takeover_key
 from nodes.dispatch.store import StoreAddress, StoreClient
 from nodes.errors import StateMismatchError
 
 if TYPE_CHECKING:
-    from datapipes.pipe import DataPipe
+    from datapipes.loader.options import LoaderOptions
+    from datapipes.placement import RecipePlan
     from datapipes.topology import Topology
 
-DISPATCH_MODES = ("static", "dynamic")
-#: Positions per unit of a random-access source (files: one file or file part per unit).
-DEFAULT_UNIT_ITEMS = 1024
 #: Seconds a store operation may take before the store counts as gone.
 DEFAULT_STORE_TIMEOUT = 60.0
-
-
-def check_dispatch(dispatch: Any, options: dict[str, Any]) -> None:
-    """Refuse a ``dispatch`` argument, or options it cannot run with, saying what works."""
-    if dispatch not in DISPATCH_MODES:
-        raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
-    if dispatch == "dynamic" and options.get("persistent_workers"):
-        raise ValueError(
-            "dispatch='dynamic' starts each epoch's workers with that epoch's units; "
-            "persistent_workers=True would keep the first epoch's: leave it off"
-        )
 
 
 class DynamicDispatch:
     """A Loader's dynamic dispatch (see the module doc)."""
 
-    def __init__(
-        self,
-        pipe: DataPipe[Any],
-        topology: Topology,
-        num_workers: int,
-        seed: int,
-        *,
-        store: Any = None,
-        unit_items: int = DEFAULT_UNIT_ITEMS,
-    ) -> None:
-        if not isinstance(unit_items, int) or unit_items < 1:
-            raise ValueError(f"dispatch_unit_items must be an int >= 1, got {unit_items!r}")
-        self._pipe = worker_part(pipe, num_workers)
+    def __init__(self, recipe: RecipePlan, options: LoaderOptions) -> None:
+        assert options.dispatch is not None, "a Loader with dispatch='dynamic' only"
+        topology, num_workers, seed = options.topology, options.num_workers, options.seed
+        store, unit_items = options.dispatch.store, options.dispatch.unit_items
+        self._pipe = recipe.consumer_part(num_workers)
         self._seed = seed
         self._rank, self._world_size = topology.rank, topology.world_size
         self._listings_checked = False
@@ -96,7 +74,7 @@ class DynamicDispatch:
         # size and consumers. The first rank there writes them; the others must match, or
         # (with keys of their own) every item would be read once per recipe, silently.
         mine = (
-            f"{pipe.fingerprint()} seed={seed} unit_items={unit_items} consumers={self.consumers}"
+            f"{recipe.fingerprint} seed={seed} unit_items={unit_items} consumers={self.consumers}"
         )
         theirs = self.client.compare_set(f"{self.run}/recipe", "", mine).decode()
         if theirs != mine:
@@ -107,7 +85,7 @@ class DynamicDispatch:
                 "same recipe, seed and dispatch_unit_items) in the same order."
             )
         #: Claims go through claim lists a taker can seal (leases, see datapipes.dispatch.takeover).
-        self.sealable_claims = False
+        self.sealable_claims = options.takeovers
         self._attempts: dict[int, int] = {}
         #: The source places of each epoch run here, until its keys are removed.
         self._places: dict[int, list[str]] = {}
@@ -235,6 +213,11 @@ class DynamicDispatch:
         )
 
 
+def placeholder_dispatcher(rank: int) -> Dispatcher:
+    """The dispatcher of a Loader's own consumer (no workers) until its first epoch's spec."""
+    return Dispatcher(DispatchSpec(None, "", -1, 1, 1), rank)
+
+
 def private_file_store() -> Any:
     """A one-rank job's own store (and, in tests, in-process ranks'): a ``FileStore`` in a
     temporary folder, removed with it.
@@ -252,9 +235,7 @@ def private_file_store() -> Any:
 
 
 __all__ = [
-    "DEFAULT_UNIT_ITEMS",
-    "DISPATCH_MODES",
     "DynamicDispatch",
     "StoreAddress",
-    "check_dispatch",
+    "placeholder_dispatcher",
 ]

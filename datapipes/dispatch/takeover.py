@@ -40,9 +40,8 @@ import dataclasses
 import json
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from datapipes.resume import JobSetup, claimed_work, parse_state, rank_state
 from datapipes.resume.records import at_epoch_start, dispatch_record
@@ -63,7 +62,9 @@ from nodes.dispatch.lease import (
 from nodes.errors import InvalidStateError
 
 if TYPE_CHECKING:
-    from datapipes.pipe import DataPipe
+    from datapipes.dispatch.dynamic import DynamicDispatch
+    from datapipes.loader.options import LoaderOptions
+    from datapipes.placement import RecipePlan
 
 #: Seconds between looks at the other ranks' leases while waiting at an epoch's end.
 POLL_SECONDS = 0.05
@@ -86,7 +87,7 @@ def _text(state: dict[str, Any]) -> str:
 
 
 def taken_work(
-    pipe: Any, state: dict[str, Any], rank: int, since: int, client: Any, listings: Any
+    recipe: RecipePlan, state: dict[str, Any], rank: int, since: int, client: Any, listings: Any
 ) -> el.Work:
     """What ``rank`` had not delivered: its state ``state`` (a Loader state) ``since``
     items on, and the units its consumers claimed but had not reached.
@@ -105,36 +106,43 @@ def taken_work(
         entries = seal(client, claim_list_key(entry.dispatch.key, place), rank)
         for consumer in consumers:
             claims[consumer][place] = claims_in(entries, consumer)
-    return claimed_work(pipe, parsed, rank, since, listings, claims=claims)
+    return claimed_work(recipe.recipe, parsed, rank, since, listings, claims=claims)
 
 
-@dataclass(frozen=True)
-class TakeoverHost:
-    """What takeovers need of the Loader whose rank they serve: a narrow interface."""
+class RankPosition(Protocol):
+    """What takeovers read of the Loader whose rank they serve (its checkpoints part)."""
 
-    pipe: DataPipe[Any]
-    fingerprint: str
-    steps: Sequence[str]
-    setup: Callable[[], JobSetup]
-    rank: int
-    #: The store client of its dynamic dispatch.
-    client: Callable[[], Any]
-    #: Its ``state_dict()`` now.
-    state: Callable[[], dict[str, Any]]
-    #: The epoch that runs.
-    epoch: Callable[[], int]
-    #: Its dispatch record of an epoch for some consumers (``DynamicDispatch.record``).
-    record: Callable[[int, Iterable[int]], dict[str, Any] | None]
-    #: The job's file listings.
-    listings: Callable[[], Any]
+    @property
+    def epoch(self) -> int:
+        """The epoch that runs."""
+
+    @property
+    def setup(self) -> JobSetup:
+        """The job setup its checkpoints record."""
+
+    def position(self) -> dict[str, Any]:
+        """Its ``state_dict()`` now, without the takeover checks."""
+
+    def listings(self) -> Any:
+        """The job's file listings."""
 
 
 class Takeovers:
     """A Loader's leases and takeovers (see the module doc): one per Loader."""
 
-    def __init__(self, host: TakeoverHost, lease_seconds: float) -> None:
-        self.loader = host
-        self.lease_seconds = lease_seconds
+    def __init__(
+        self,
+        options: LoaderOptions,
+        recipe: RecipePlan,
+        dispatch: DynamicDispatch,
+        position: RankPosition,
+    ) -> None:
+        assert options.dispatch is not None and options.dispatch.lease_seconds is not None
+        self.lease_seconds = options.dispatch.lease_seconds
+        self._rank = options.topology.rank
+        self._recipe = recipe
+        self._dispatch = dispatch
+        self._position = position
         self.lease: Lease | None = None
         self.reading_phase: int | None = None  # the taken rank whose units this rank reads
         self.fenced = False  # the last epoch ended because the lease was taken over
@@ -150,14 +158,14 @@ class Takeovers:
 
     @property
     def client(self) -> Any:
-        return self.loader.client()
+        return self._dispatch.client
 
     def _taken_from_me(self, lease: Lease) -> bool:
         """Whether ``lease`` was taken over with units still to deliver (one store read)."""
         if lease.lost:
             return True
         value = decode(self.client.get_or_none(lease.key), lease.key)
-        if value is None or value["status"] != TAKEN or value.get("by") == self.loader.rank:
+        if value is None or value["status"] != TAKEN or value.get("by") == self._rank:
             return False
         was = value.get("was")
         return not (isinstance(was, dict) and was.get("status") == DONE)
@@ -168,15 +176,15 @@ class Takeovers:
         lease was taken over. Then, when ``items`` ended, the takeover phases."""
         self.fenced = False
         lease = self.lease
-        if lease is None or lease.key != lease_key(spec.key, self.loader.rank):
+        if lease is None or lease.key != lease_key(spec.key, self._rank):
             self._report = self._new_report()  # a new epoch (not one continued after close())
             lease = None
         if lease is None or lease.lost:
-            lease = self.lease = Lease(self.client, spec.key, self.loader.rank, self.lease_seconds)
+            lease = self.lease = Lease(self.client, spec.key, self._rank, self.lease_seconds)
         try:
-            start = self.loader.state()
+            start = self._position.position()
             lease.start(_text(start))
-            yield from self._written_ahead(items, self.loader.state, self._at_start(start))
+            yield from self._written_ahead(items, self._position.position, self._at_start(start))
             yield from self._after(spec)
         except LeaseLost as lost:
             self.fenced = self._report["fenced"] = True
@@ -214,15 +222,14 @@ class Takeovers:
             yield item
 
     def _at_start(self, state: dict[str, Any]) -> bool:
-        return at_epoch_start(state, self.loader.rank)  # its own state: no need to parse it
+        return at_epoch_start(state, self._rank)  # its own state: no need to parse it
 
     # ----- at the end: wait for the others, take over the stalled ------------------------------
     def _after(self, spec: DispatchSpec) -> Iterator[Any]:
         lease = self.lease
         assert lease is not None
-        loader = self.loader
-        world_size = loader.setup().world_size
-        watch = LeaseWatch(self.client, spec.key, loader.rank, world_size, self.lease_seconds)
+        world_size = self._position.setup.world_size
+        watch = LeaseWatch(self.client, spec.key, self._rank, world_size, self.lease_seconds)
         read: set[int] = set()  # the taken ranks whose units this rank read
         seen: tuple[int, int] | None = None
         scanned_at = 0.0
@@ -265,9 +272,9 @@ class Takeovers:
         delivers, are not lost in silence if that rank dies too with nobody left to take
         it over: a rank that stays stale for two leases is an :class:`UnfinishedEpochError`
         (the job resumes from its last checkpoint, exactly)."""
-        world_size = self.loader.setup().world_size
+        world_size = self._position.setup.world_size
         patience = 2 * self.lease_seconds
-        watch = LeaseWatch(self.client, spec.key, self.loader.rank, world_size, patience)
+        watch = LeaseWatch(self.client, spec.key, self._rank, world_size, patience)
         while True:
             leases = watch.scan()
             # This rank's lease is taken, so every rank still delivering reads one takeover
@@ -281,7 +288,7 @@ class Takeovers:
                 raise UnfinishedEpochError(
                     f"epoch {spec.epoch} cannot end: rank(s) {ranks} of dynamic dispatch "
                     f"stopped renewing their lease {patience:g} s ago with units still to "
-                    f"deliver (some of them rank {self.loader.rank}'s, which was taken over), "
+                    f"deliver (some of them rank {self._rank}'s, which was taken over), "
                     "and no rank is left to take them over. The items they held were "
                     "delivered by nobody: resume the job from its last checkpoint (on any "
                     "number of ranks), which delivers each of them exactly once"
@@ -300,7 +307,7 @@ class Takeovers:
         so a taker that wakes late and publishes too writes what is there already."""
         lease = self.lease
         assert lease is not None
-        lease.publish_state(_text(self.loader.state()))
+        lease.publish_state(_text(self._position.position()))
         was = watch.take(rank, raw)
         if was is None:  # another rank was first, or it woke up
             return False
@@ -333,7 +340,6 @@ class Takeovers:
     def _work_of(
         self, spec: DispatchSpec, watch: LeaseWatch, rank: int, old: dict[str, Any]
     ) -> el.Work:
-        loader = self.loader
         number = old.get("state", -1)
         text = watch.state_text(rank, number) if number >= 0 else None
         if text is None:  # it never published a position: it delivered nothing this epoch
@@ -347,38 +353,37 @@ class Takeovers:
                     f"dispatch lease {rank} state {number}", "a Loader state (JSON)", text[:60]
                 ) from error
             since = int(old.get("since", 0))
-        return taken_work(loader.pipe, state, rank, since, self.client, loader.listings())
+        return taken_work(self._recipe, state, rank, since, self.client, self._position.listings())
 
     def _start_state(self, rank: int) -> dict[str, Any]:
         """A state of the job at the start of the running epoch with ``rank``'s entry (a
         rank taken over before it published its own)."""
-        host = self.loader
-        setup, epoch = host.setup(), host.epoch()
+        setup, epoch = self._position.setup, self._position.epoch
         return rank_state(
-            fingerprint=host.fingerprint,
-            steps=host.steps,
+            fingerprint=self._recipe.fingerprint,
+            steps=list(self._recipe.steps),
             setup=setup,
             rank=rank,
             epoch=epoch,
             node=None,
-            dispatch=host.record(epoch, setup.consumers_of(rank)),
+            dispatch=self._dispatch.record(epoch, setup.consumers_of(rank)),
         )
 
     def _phase(self, spec: DispatchSpec, watch: LeaseWatch, taken: int) -> Iterator[Any]:
         """Read (with the other waiting ranks) the units of ``taken``'s takeover phase."""
-        loader = self.loader
         work = self._published_work(spec, watch, taken)
         if not work:
             return
         # A phase is read in this process, one consumer per rank (no DataLoader workers).
-        setup = dataclasses.replace(loader.setup(), num_workers=0, items_per_transfer=1)
+        setup = dataclasses.replace(self._position.setup, num_workers=0, items_per_transfer=1)
         phase = DispatchSpec(
             self.client, f"{spec.key}/x{taken}", spec.epoch, setup.world_size,
             spec.unit_items, work, sealable_per_rank=1,
         )  # fmt: skip
-        work_here = Dispatcher(phase, loader.rank)
-        ctx = setup.context(loader.rank, 0, spec.epoch, listings=loader.listings(), work=work_here)
-        root = loader.pipe.build(ctx)
+        work_here = Dispatcher(phase, self._rank)
+        listings = self._position.listings()
+        ctx = setup.context(self._rank, 0, spec.epoch, listings=listings, work=work_here)
+        root = self._recipe.recipe.build(ctx)
         lease = self.lease
         assert lease is not None
         self.reading_phase = taken
@@ -398,9 +403,8 @@ class Takeovers:
     def _phase_state(self, phase: DispatchSpec, root: Any) -> Callable[..., dict[str, Any]]:
         """The phase's position as a one-consumer-per-rank Loader state (what a taker of
         this rank converts)."""
-        loader = self.loader
         setup = dataclasses.replace(
-            loader.setup(), num_workers=0, items_per_transfer=1, even_batches=False
+            self._position.setup, num_workers=0, items_per_transfer=1, even_batches=False
         )
         record = dispatch_record(
             epoch=phase.epoch,
@@ -408,15 +412,15 @@ class Takeovers:
             consumers=phase.consumers,
             unit_items=phase.unit_items,
             work=phase.work,
-            claims={loader.rank: {place: [] for place in phase.work}},
+            claims={self._rank: {place: [] for place in phase.work}},
         )
 
         def state(start: bool = False) -> dict[str, Any]:
             return rank_state(
-                fingerprint=loader.fingerprint,
-                steps=loader.steps,
+                fingerprint=self._recipe.fingerprint,
+                steps=list(self._recipe.steps),
                 setup=setup,
-                rank=loader.rank,
+                rank=self._rank,
                 epoch=phase.epoch,
                 node=None if start else root.state_dict(),
                 dispatch=record,
@@ -431,7 +435,7 @@ class Takeovers:
         lease = self.lease
         if lease is not None and not self.fenced and self._taken_from_me(lease):
             raise TakeoverCheckpointError(
-                f"rank {self.loader.rank}'s dispatch lease was taken over (it went longer "
+                f"rank {self._rank}'s dispatch lease was taken over (it went longer "
                 "than dispatch_lease_seconds without renewing it): the rank that took it "
                 "delivers the rest of this rank's units, so this rank's position is no "
                 "longer its share. Its epoch ends at its next item (a LeaseTakenWarning): "
@@ -439,7 +443,7 @@ class Takeovers:
             )
         if self.reading_phase is not None:
             raise TakeoverCheckpointError(
-                f"rank {self.loader.rank} is reading the units it took over from stalled rank "
+                f"rank {self._rank} is reading the units it took over from stalled rank "
                 f"{self.reading_phase} (dispatch_lease_seconds): a checkpoint now would have "
                 "to hold that rank's position too. Checkpoint before the epoch's end, or "
                 "after it: the next epoch's states are ordinary"

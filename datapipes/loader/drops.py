@@ -13,7 +13,13 @@ epoch left out.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from datapipes.workers.in_workers import worker_drop_counts
+
+if TYPE_CHECKING:
+    from datapipes.loader.epochs import EpochCursor
+    from datapipes.loader.graph import LoaderGraph
 
 Counts = dict[str, int]
 
@@ -65,3 +71,30 @@ class CarriedDrops:
         """Carry ``counts`` for ``epoch`` (a resume plan's: see
         :class:`datapipes.resume.ResumePlan`)."""
         self.epoch, self.counts = epoch, dict(counts)
+
+
+class LoaderDrops:
+    """A Loader's drop counts: its graph's (and workers'), plus those a checkpoint carried."""
+
+    def __init__(self, graph: LoaderGraph, cursor: EpochCursor) -> None:
+        self._graph, self._cursor = graph, cursor
+        self._carried = CarriedDrops()  # dropped before the checkpoint it resumed
+
+    def report(self) -> Counts:
+        """What :meth:`datapipes.Loader.dropped` returns (see there)."""
+        graph, last = self._graph, self._cursor.last
+        if graph.root is None and graph.closed_drops is not None:  # closed since: as it was
+            epoch, counts = graph.closed_drops
+            if epoch == last:
+                return self._carried.report(dict(counts), epoch, True)
+        built = graph.root is not None
+        return self._carried.report(worker_drop_counts(graph.root), last, built)
+
+    def record(self, epoch: int, node: Any) -> dict[str, Any] | None:
+        """The ``"dropped"`` a state at ``(epoch, node)`` keeps (see the module doc)."""
+        built = self._graph.root is not None
+        return self._carried.record(epoch, node, self._cursor.last, built, self.report)
+
+    def carry(self, epoch: int | None, counts: Counts) -> None:
+        """Carry a resume plan's ``counts`` for ``epoch``."""
+        self._carried.take(epoch, counts)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datapipes.pipe import DataPipe
 from datapipes.placement import split_main_steps
@@ -13,6 +13,10 @@ from nodes import Context, Node
 from nodes.base import every_consumer
 from nodes.consumer_work import DealtWork
 from nodes.steps.even import CollectiveAgreement, CountedAgreement, EvenBatchesNode, RankAgreement
+
+if TYPE_CHECKING:
+    from datapipes.loader.options import LoaderOptions
+    from datapipes.placement import RecipePlan
 
 
 class EvenBatchesPolicy:
@@ -39,17 +43,10 @@ class EvenBatchesPolicy:
         "_group",
     )
 
-    def __init__(
-        self,
-        requested: bool | None,
-        pipe: DataPipe[Any],
-        topology: Topology,
-        num_workers: int,
-        seed: int,
-    ) -> None:
-        self._requested = requested  # the Loader's argument: True, False or None (the default)
-        self._pipe, self._topology = pipe, topology
-        self._num_workers, self._seed = num_workers, seed
+    def __init__(self, options: LoaderOptions, recipe: RecipePlan) -> None:
+        self._requested = options.even_batches  # True, False or None (the default)
+        self._pipe, self._topology = recipe.recipe, options.topology
+        self._num_workers, self._seed = options.num_workers, options.seed
         self._on: bool | None = None  # pinned once decided
         self._agreement: RankAgreement | None = None  # made at the first epoch, then kept
         self._group: Any = _UNSET  # the ranks' process group, made once when first needed

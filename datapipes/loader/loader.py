@@ -1,51 +1,45 @@
 """The Loader: runs a recipe epoch by epoch; its checkpoints resume through one plan.
 
-A resume parses the state once and carries out a :class:`datapipes.resume.ResumePlan`
-(:mod:`datapipes.resume`); the worker plan (:mod:`datapipes.workers.in_workers`), the epoch
-cursor (:mod:`datapipes.loader.epochs`), the ``even_batches`` policy
-(:mod:`datapipes.loader.even_batches`) and the reports (:mod:`datapipes.loader.reports`)
-are parts with one job each.
+The Loader is one class composed of parts, each with one job and built once from
+the Loader's options (:class:`~datapipes.loader.options.LoaderOptions`) and its
+recipe, split once (:class:`~datapipes.placement.RecipePlan`): its consumers
+(:mod:`~datapipes.loader.consumers`), its graph (:mod:`~datapipes.loader.graph`), the
+epoch cursor (:mod:`~datapipes.loader.epochs`), the ``even_batches`` policy
+(:mod:`~datapipes.loader.even_batches`), its checkpoints
+(:mod:`~datapipes.loader.checkpoints`), its reports (:mod:`~datapipes.loader.reports`)
+and, under dynamic dispatch, its dispatch and takeovers (:mod:`datapipes.dispatch`).
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import warnings
-import weakref
 from collections.abc import Iterator, Sequence
-from itertools import chain
 from typing import Any
 
-from datapipes.dispatch.dynamic import DEFAULT_UNIT_ITEMS, DynamicDispatch, check_dispatch
-from datapipes.dispatch.setup import check_lease_seconds, make_dispatch, placeholder_dispatcher
-from datapipes.dispatch.takeover import TakeoverHost
+from datapipes.dispatch.dynamic import DynamicDispatch
+from datapipes.dispatch.takeover import Takeovers
 from datapipes.loader.checkpoints import LoaderCheckpoints
 from datapipes.loader.consumers import RankConsumers
-from datapipes.loader.drops import CarriedDrops
+from datapipes.loader.drops import LoaderDrops
 from datapipes.loader.epoch_stats import LoaderStats
-from datapipes.loader.epochs import EpochCursor, EpochRun
-from datapipes.loader.even_batches import NO_GROUP, EvenBatchesPolicy
+from datapipes.loader.epochs import EpochCursor
+from datapipes.loader.even_batches import EvenBatchesPolicy
+from datapipes.loader.graph import LoaderGraph
 from datapipes.loader.listings import JobListings, default_store_comparison
-from datapipes.loader.options import InexactResumeWarning, check_arguments
-from datapipes.loader.progress import ProgressBar, progress_bar_class
+from datapipes.loader.options import DEFAULT_UNIT_ITEMS, InexactResumeWarning, LoaderOptions
+from datapipes.loader.parts import by_part
 from datapipes.loader.reports import LoaderReports
+from datapipes.loader.runs import EpochRuns
 from datapipes.observe.trace import PipelineTrace
 from datapipes.pipe import DataPipe
-from datapipes.resume import ResumePlan
-from datapipes.resume.graph import GraphRecord, node_path
-from datapipes.topology import resolve_topology
-from datapipes.workers.in_workers import (
-    runtime_recipe,
-    worker_dataset,
-    worker_drop_counts,
-)
-from nodes import Context, Node
+from datapipes.placement import RecipePlan
+from datapipes.resume import JobSetup
 from nodes.errors import InvalidStateError, StateMismatchError  # noqa: F401 - re-exported
-from nodes.workers.bundles import AUTO, bundled, check_items_per_transfer
+from nodes.workers.bundles import AUTO
 
 
-class Loader(LoaderCheckpoints, LoaderReports):
+class Loader:
     """Runs a recipe epoch by epoch, with checkpoints that resume exactly.
 
     Iterating the Loader runs one epoch; iterating it again runs the next,
@@ -105,75 +99,52 @@ class Loader(LoaderCheckpoints, LoaderReports):
         items_per_transfer: int | str = AUTO,
         **dataloader_options: Any,
     ) -> None:
-        check_arguments(pipe, num_workers, dataloader_options)
-        if items_per_transfer == AUTO and dispatch_lease_seconds is not None:
-            items_per_transfer = 1  # leases count a rank's items in transfers (see below)
-        self.items_per_transfer = check_items_per_transfer(items_per_transfer, num_workers)
-        if bundled(self.items_per_transfer) and dispatch_lease_seconds is not None:
-            raise ValueError(
-                "dispatch_lease_seconds counts a taken-over rank's delivered items in "
-                "DataLoader transfers, which items_per_transfer > 1 groups: use one or the other"
-            )
-        check_dispatch(dispatch, dataloader_options)
-        if pin_memory:
-            pipe = pipe.pin_memory()
-        if device is not None:
-            pipe = pipe.to_device(device)
-        self.pipe = pipe
-        self._fingerprint = pipe.fingerprint()
-        self._steps = pipe.steps()
-        self.seed = int(seed)
-        self.topology = resolve_topology(rank, world_size, mesh=mesh, mesh_dims=mesh_dims)
-        self.topology.check_against_torch_distributed()
-        self.rank, self.world_size = self.topology.rank, self.topology.world_size
-        self.num_workers = num_workers
-        self.collects_stats = bool(stats)
-        self.progress = bool(progress)
-        if self.progress:
-            progress_bar_class()  # a missing tqdm is an error now, not at the first epoch
-        self._context = Context(
-            rank=self.rank, world_size=self.world_size, seed=self.seed, stats=self.collects_stats
-        )
-        for caveat in pipe.resume_caveats():  # said once, where the Loader is made
-            warnings.warn(caveat, InexactResumeWarning, stacklevel=2)
-        self._runtime_pipe = runtime_recipe(
-            pipe,
-            self.topology,
-            self.seed,
-            num_workers,
-            dataloader_options,
-            stats=stats,
-            items_per_transfer=self.items_per_transfer,
-        )
-        self._consumers = RankConsumers(self._runtime_pipe, self._context, num_workers)
-        self._even = EvenBatchesPolicy(even_batches, pipe, self.topology, num_workers, self.seed)
-        # Dynamic dispatch and its leases (datapipes.dispatch: dynamic, takeover).
-        self._dispatch, self._takeovers = make_dispatch(
-            pipe, self.topology, num_workers, self.seed,
-            dispatch=dispatch, store=store, unit_items=dispatch_unit_items,
-            lease_seconds=dispatch_lease_seconds, even_batches=even_batches,
-            host=self._takeover_host,
+        options = LoaderOptions.check(
+            pipe, seed, rank=rank, world_size=world_size, mesh=mesh, mesh_dims=mesh_dims,
+            num_workers=num_workers, even_batches=even_batches, pin_memory=pin_memory,
+            device=device, stats=stats, progress=progress, dispatch=dispatch, store=store,
+            dispatch_unit_items=dispatch_unit_items,
+            dispatch_lease_seconds=dispatch_lease_seconds,
+            items_per_transfer=items_per_transfer, dataloader_options=dataloader_options,
         )  # fmt: skip
-        if self._dispatch is not None and not num_workers:
-            self._context.work = placeholder_dispatcher(self.rank)  # it claims in this process
+        recipe = RecipePlan.of(options.recipe(pipe), num_workers)
+        for caveat in recipe.recipe.resume_caveats():  # said once, where the Loader is made
+            warnings.warn(caveat, InexactResumeWarning, stacklevel=2)
+        #: The Loader's options, checked (see :class:`~datapipes.loader.options.LoaderOptions`).
+        self.options = options
+        self.pipe, self.topology, self.seed = recipe.recipe, options.topology, options.seed
+        self.rank, self.world_size = options.topology.rank, options.topology.world_size
+        self.num_workers, self.items_per_transfer = num_workers, options.items_per_transfer
+        self.collects_stats, self.progress = options.stats, options.progress
+        self._recipe = recipe
+        self._consumers = RankConsumers(recipe, options)
+        self._even = EvenBatchesPolicy(options, recipe)
+        self._dispatch = DynamicDispatch(recipe, options) if options.dispatch else None
         # Listed once, at the first build; by rank 0 for all when the ranks iterate together.
         compare = None  # under dynamic dispatch the store compares them
         if self._dispatch is None:
-            compare = default_store_comparison(self.rank, self.world_size, self._fingerprint)
-        self._listings = JobListings(pipe, self._even.group, compare)
+            compare = default_store_comparison(self.rank, self.world_size, recipe.fingerprint)
+        self._listings = JobListings(recipe.recipe, self._even.group, compare)
         self._cursor = EpochCursor()
-        self._root: Node[Any] | None = None  # the built graph, kept from epoch to epoch
-        self._graph = GraphRecord(self._runtime_pipe)  # its shape, for checkpoints
-        self._stats = LoaderStats(self.collects_stats)
-        self._built_trace: Any = None  # the trace recorder the graph was built with, if any
-        # The plan of the last resume (datapipes.resume): a dealt epoch's shares live here.
-        self._plan: ResumePlan | None = None
-        # (epoch, the graph's state at the start of a fresh run): a state taken before the
-        # run delivered anything is the epoch's start (node None), which merges as such.
-        self._fresh: tuple[int, Any] | None = None
-        self._drops = CarriedDrops()  # dropped before the checkpoint it resumed
-        # (epoch, counts) of the graph close() let go, so dropped() still tells them.
-        self._closed_drops: tuple[int, dict[str, int]] | None = None
+        self._stats = LoaderStats(options.stats)
+        self._graph = LoaderGraph(options, self._consumers, self._even, self._listings, self._stats)
+        self._drops = LoaderDrops(self._graph, self._cursor)
+        self._checkpoints = LoaderCheckpoints(
+            options, recipe, graph=self._graph, cursor=self._cursor, even=self._even,
+            listings=self._listings, consumers=self._consumers, dispatch=self._dispatch,
+            drops=self._drops,
+        )  # fmt: skip
+        self._takeovers: Takeovers | None = None
+        if self._dispatch is not None and options.takeovers:
+            self._takeovers = Takeovers(options, recipe, self._dispatch, self._checkpoints)
+        self._reports = LoaderReports(
+            self._graph, self._cursor, self._stats, self._drops, self._takeovers
+        )
+        self._runs = EpochRuns(
+            options, recipe, graph=self._graph, cursor=self._cursor, stats=self._stats,
+            consumers=self._consumers, listings=self._listings, dispatch=self._dispatch,
+            takeovers=self._takeovers, checkpoints=self._checkpoints,
+        )  # fmt: skip
 
     # ----- iteration -----------------------------------------------------------
     @property
@@ -216,37 +187,7 @@ class Loader(LoaderCheckpoints, LoaderReports):
                 )
 
     def __iter__(self) -> Iterator[Any]:
-        self.topology.check_against_torch_distributed()  # set up before init_process_group?
-        if self._root is not None and self._built_trace is not self._context.trace:
-            self.close()  # a trace began or ended: build the graph with (or without) spans
-        root = self._root
-        if root is None:
-            root = self._root = self._build()
-            self._closed_drops = None
-            self._stats.new_graph()
-        run = self._cursor.next_run()
-        self._context.epoch = run.epoch
-        if self._dispatch is not None:  # this epoch's units, for the rank's consumers
-            listings = self._listings.get(self._context)
-            continuing = run.resume_from is not None
-            self._consumers.hand_units(
-                self._dispatch.begin_epoch(run.epoch, listings, continuing=continuing)
-            )
-        self._stats.new_epoch(root)
-        try:
-            root.reset(run.resume_from)
-        except StopIteration as error:  # a resume replaying past the data (never raw)
-            raise InvalidStateError(
-                node_path(self.rank),
-                "a position within the epoch's data",
-                "?",
-                note="resuming it ran out of items",
-            ) from error
-        self._cursor.begin(run)  # only now: a position the graph refused stays pending
-        self._fresh = None if run.resume_from is not None else (run.epoch, root.state_dict())
-        body = self._run(root, run)
-        _OPEN_RUNS.add(body)
-        return self._cursor.watch(body)
+        return self._runs.start()
 
     @property
     def even_batches(self) -> bool:
@@ -257,72 +198,34 @@ class Loader(LoaderCheckpoints, LoaderReports):
         """
         return self._even.value
 
-    def _build(self) -> Node[Any]:
-        # The worker plan's graph, evened across ranks, under the Loader's statistics row.
-        if self._dispatch is not None and self.even_batches and self._even.group() is NO_GROUP:
-            raise ValueError(
-                "even_batches with dispatch='dynamic' needs torch.distributed: the ranks' "
-                "shares are only known as they are claimed, so they agree on the count as "
-                "they go (a gloo all_reduce). Initialize the process group, or pass "
-                "even_batches=False"
-            )
-        if self._takeovers is not None and self.even_batches:
-            check_lease_seconds(self._takeovers.lease_seconds, True)  # decided only now
-        context = self._context
-        context.listings = self._listings.get(context)  # rank 0's, shared with the workers
-        self._apply_plan(context)
-        root = self._even.wrap(self._runtime_pipe.build(context), lambda: context.epoch)
-        self._built_trace = context.trace
-        return self._stats.wrap(root, context.trace)
-
-    def _run(self, root: Node[Any], run: EpochRun) -> Iterator[Any]:
-        items = iter(root)
-        if hasattr(items, "close"):
-            # `yield from` forwards close() to an iterator that has one. When an abandoned
-            # iterator of an earlier epoch is collected, that would close the graph the
-            # current epoch is reading; so only this run's own exit closes it, below.
-            items = chain(items)  # the same items, through an iterator that has no close()
-        if self._takeovers is not None:
-            assert self._dispatch is not None and self._dispatch.spec is not None
-            items = self._takeovers.deliver(items, self._dispatch.spec)
-        self._stats.clock.start()
-        if self._stats.enabled:
-            items = self._stats.timed(items, root, run.epoch)
-        bar = None
-        if self.progress:
-            bar = ProgressBar(run.epoch, self.pipe, progress_bar_class())
-            items = bar.wrap(items)
-        try:
-            yield from items
-        except GeneratorExit:
-            if self._cursor.is_current(run):  # abandoned mid-epoch: free threads and files now
-                root.close()
-            raise
-        finally:
-            if self._cursor.is_current(run):  # not an abandoned iterator of an earlier epoch
-                self._stats.clock.stop()
-            if bar is not None:
-                bar.close()
-        if self._takeovers is not None and self._takeovers.fenced and root is self._root:
-            root.close()  # another rank delivers the rest: free its workers and files now
-            self._stats.keep(root, run.epoch)
-            self._root = None  # the next epoch builds a new graph
-        if self._dispatch is not None and self._cursor.is_current(run):
-            self._dispatch.end_epoch(run.epoch)
-        self._cursor.finish(run)
-
     def close(self) -> None:
         """Stop background threads and release resources; the Loader can be iterated again.
 
         A mid-epoch position survives: ``state_dict()`` after ``close()`` is the
         state before it, and the next iteration continues the interrupted epoch.
         """
-        if self._root is not None:
-            self._closed_drops = (self._cursor.last, worker_drop_counts(self._root))
-            self._cursor.suspend(self._root.state_dict)  # also ends an iterator kept from before
-            self._root.close()
-            self._stats.keep(self._root, self._cursor.last)  # they outlive the graph
-            self._root = None
+        self._graph.close(self._cursor)
+
+    # ----- checkpoints -----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self._takeovers is not None:
+            self._takeovers.check_checkpoint()
+        return self._checkpoints.state_dict()
+
+    state_dict.__doc__ = LoaderCheckpoints.state_dict.__doc__
+    load_state_dict = by_part("_checkpoints", LoaderCheckpoints.load_state_dict)
+
+    @property
+    def setup(self) -> JobSetup:
+        """This Loader's job setup, as its checkpoints record it."""
+        return self._checkpoints.setup
+
+    # ----- reports ---------------------------------------------------------------
+    stats = by_part("_reports", LoaderReports.stats)
+    stats_by_rank = by_part("_reports", LoaderReports.stats_by_rank)
+    skipped = by_part("_reports", LoaderReports.skipped)
+    losses = by_part("_reports", LoaderReports.losses)
+    dropped = by_part("_reports", LoaderReports.dropped)
 
     # ----- tracing ---------------------------------------------------------------
     def trace(self, path: str | os.PathLike[str]) -> PipelineTrace:
@@ -363,7 +266,7 @@ class Loader(LoaderCheckpoints, LoaderReports):
         return PipelineTrace(self, path)
 
     def _start_trace(self, recorder: Any, folder: str) -> None:
-        if self._context.trace is not None:
+        if self._graph.context.trace is not None:
             raise RuntimeError("a trace of this Loader is running already: end it first")
         if self._cursor.in_use:
             raise RuntimeError(
@@ -373,49 +276,15 @@ class Loader(LoaderCheckpoints, LoaderReports):
                 "position)"
             )
         self.close()  # built again with spans at the next iteration, where it stopped
-        self._context.trace = recorder
-        dataset = worker_dataset(self._runtime_pipe)
-        if dataset is not None:  # the workers started for the next graph write their own
-            dataset.trace_folder = folder
+        self._graph.context.trace = recorder
+        self._consumers.trace_to(folder)  # the workers started for the next graph write theirs
 
     def _stop_trace(self) -> None:
-        self._context.trace = None
-        dataset = worker_dataset(self._runtime_pipe)
-        if dataset is not None:
-            dataset.trace_folder = None
+        self._graph.context.trace = None
+        self._consumers.trace_to(None)
 
     def __enter__(self) -> Loader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _takeover_host(self, dispatch: DynamicDispatch) -> TakeoverHost:
-        return TakeoverHost(
-            pipe=self.pipe,
-            fingerprint=self._fingerprint,
-            steps=self._steps,
-            setup=lambda: self.setup,
-            rank=self.rank,
-            client=lambda: dispatch.client,
-            state=self._position,
-            epoch=lambda: self._cursor.epoch,
-            record=dispatch.record,
-            listings=lambda: self._listings.get(self._context),
-        )
-
-
-#: Epoch runs (``Loader._run`` generators) not finished. One abandoned mid-epoch and held
-#: by a module global would be finalized only as the interpreter clears module globals,
-#: when closing its graph calls functions already gone ("Exception ignored in: <generator
-#: object Loader._run>"); they are closed at exit instead, with everything in place.
-_OPEN_RUNS: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_runs() -> None:
-    for body in list(_OPEN_RUNS):
-        try:
-            body.close()
-        except ValueError:  # running in another thread: left to the interpreter
-            pass

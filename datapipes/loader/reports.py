@@ -1,30 +1,40 @@
 """What a Loader reports about its epochs: statistics, skips, losses, drops.
 
-A mixin of :class:`datapipes.Loader`, which keeps the attributes it reads
-(``_root``, ``_stats``, ``_cursor``, ``_drops``, ``_takeovers``); kept apart so
-the Loader reads as: build the plan, run epochs.
+The part of :class:`datapipes.Loader` behind ``stats()``, ``stats_by_rank()``,
+``skipped()``, ``losses()`` and ``dropped()``: it reads the Loader's graph, its
+statistics, its drops and its takeovers, and changes none of them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from datapipes.observe.rank_stats import RankStats, gather
 from datapipes.observe.stats import PipelineStats
-from datapipes.workers.in_workers import worker_drop_counts, worker_loss_counts, worker_skip_counts
+from datapipes.workers.in_workers import worker_loss_counts, worker_skip_counts
+
+if TYPE_CHECKING:
+    from datapipes.dispatch.takeover import Takeovers
+    from datapipes.loader.drops import LoaderDrops
+    from datapipes.loader.epoch_stats import LoaderStats
+    from datapipes.loader.epochs import EpochCursor
+    from datapipes.loader.graph import LoaderGraph
 
 
 class LoaderReports:
     """``stats()``, ``stats_by_rank()``, ``skipped()``, ``losses()`` and ``dropped()`` of a
     Loader."""
 
-    collects_stats: bool
-    _root: Any
-    _stats: Any
-    _cursor: Any
-    _drops: Any
-    _takeovers: Any
-    _closed_drops: tuple[int, dict[str, int]] | None
+    def __init__(
+        self,
+        graph: LoaderGraph,
+        cursor: EpochCursor,
+        stats: LoaderStats,
+        drops: LoaderDrops,
+        takeovers: Takeovers | None,
+    ) -> None:
+        self._graph, self._cursor, self._stats = graph, cursor, stats
+        self._drops, self._takeovers = drops, takeovers
 
     def stats(self) -> PipelineStats:
         """Per-step statistics of the current (or last) epoch; ``print()`` it for a table.
@@ -39,11 +49,11 @@ class LoaderReports:
         in 16, which keeps the cost at about 0.06-0.1 us per item per step
         (``benchmarks/compare.py`` has a row with statistics on).
         """
-        if not self.collects_stats:
+        if not self._stats.enabled:
             raise RuntimeError(
                 "statistics are off for this Loader: make it with dp.Loader(..., stats=True)"
             )
-        report = self._stats.report(self._root, self._cursor.last)
+        report = self._stats.report(self._graph.root, self._cursor.last)
         if self._takeovers is not None:
             report.leases = self._takeovers.report()
         return report
@@ -73,7 +83,7 @@ class LoaderReports:
         >>> list(loader), loader.skipped()
         ([{'cls': 1}], {"dp.from_sequence(<list of 2>).decode(on_error='skip')": 1})
         """
-        return worker_skip_counts(self._root)
+        return worker_skip_counts(self._graph.root)
 
     def losses(self) -> dict[str, dict[str, int]]:
         """What the skips of this epoch lost, per step with ``on_error="skip"``.
@@ -92,7 +102,7 @@ class LoaderReports:
         >>> list(loader), loader.skipped(), loader.losses()  # doctest: +ELLIPSIS
         ([], {...: 1}, {...: {'records': 0, 'files': 1, 'ranges': 0, 'bytes': 0}})
         """
-        return worker_loss_counts(self._root)
+        return worker_loss_counts(self._graph.root)
 
     def dropped(self) -> dict[str, int]:
         """Items dropped at the end of the current (or last) epoch, per step that drops.
@@ -113,9 +123,4 @@ class LoaderReports:
         >>> len(list(loader)), loader.dropped()
         (2, {'batch(4, drop_last=True)': 2})
         """
-        if self._root is None and self._closed_drops is not None:  # closed since: as it was
-            epoch, counts = self._closed_drops
-            if epoch == self._cursor.last:
-                return self._drops.report(dict(counts), epoch, True)
-        built = self._root is not None
-        return self._drops.report(worker_drop_counts(self._root), self._cursor.last, built)
+        return self._drops.report()

@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from datapipes.placement import worker_part
 from datapipes.resume.claims import check_work_bounds
 from datapipes.resume.graph import node_path
 from datapipes.resume.model import JobSetup, JobState
@@ -35,6 +34,7 @@ from nodes.errors import InvalidStateError, StateMismatchError
 
 if TYPE_CHECKING:
     from datapipes.pipe import DataPipe
+    from datapipes.placement import RecipePlan
 
 #: ``(epoch, every consumer's plan, rank-major)``: a resumed epoch dealt to a new topology.
 Deal = tuple[int, list[Any]]
@@ -65,7 +65,7 @@ class ResumePlan:
 
 
 def resume_plan(
-    pipe: DataPipe[Any],
+    recipe: RecipePlan,
     state: JobState,
     setup: JobSetup,
     rank: int,
@@ -73,7 +73,7 @@ def resume_plan(
     *,
     dynamic: bool = False,
 ) -> ResumePlan:
-    """The :class:`ResumePlan` of ``state`` (of ``pipe``'s recipe) for ``rank`` of ``setup``.
+    """The :class:`ResumePlan` of ``state`` (of ``recipe``) for ``rank`` of ``setup``.
 
     Raises :class:`StateMismatchError` when the state cannot resume here (a
     topology change without every rank's state, another seed, another
@@ -81,27 +81,28 @@ def resume_plan(
     sources could not read. The rank's node position is checked by the Loader,
     against the graph it will run.
     """
+    pipe, part = recipe.recipe, recipe.consumer_part(setup.num_workers)
     saved = state.setup
     if dynamic:
         epoch, work, ended = _remaining(pipe, state, setup, rank, listings)
         carried = _job_drops(state, epoch, ended, rank, whole_epoch=work is None)
         return ResumePlan(epoch, dispatch_work=work, carried_drops=carried)
     if saved.same_topology(setup) and rank in state.ranks and not state.was_dispatched:
-        return _own_position(pipe, state, setup, rank, listings)
+        return _own_position(recipe, state, setup, rank, listings)
     epoch, work, ended = _remaining(pipe, state, setup, rank, listings)
     deal = None
     if work is not None:
         plans = el.deal(work, setup.num_consumers)
         mine = plans[setup.consumers_of(rank).start : setup.consumers_of(rank).stop]
         where = f"{rank_path(rank)} (this rank's share of epoch {epoch})"
-        validate_plans(pipe, setup, rank, epoch, mine, listings, where)
+        validate_plans(part, setup, rank, epoch, mine, listings, where)
         deal = (epoch, plans)
     carried = _job_drops(state, epoch, ended, rank, whole_epoch=deal is None)
     return ResumePlan(epoch, deal=deal, carried_drops=carried)
 
 
 def _own_position(
-    pipe: DataPipe[Any], state: JobState, setup: JobSetup, rank: int, listings: Any
+    recipe: RecipePlan, state: JobState, setup: JobSetup, rank: int, listings: Any
 ) -> ResumePlan:
     """Same topology: the rank's own position (and the plans it was dealt, if any)."""
     saved = state.setup
@@ -122,7 +123,8 @@ def _own_position(
     deal = None
     if plans is not None:
         where = f"{rank_path(rank)}.plans.text.consumers"
-        validate_plans(pipe, saved, rank, plans_epoch, plans, listings, where)
+        part = recipe.consumer_part(saved.num_workers)
+        validate_plans(part, saved, rank, plans_epoch, plans, listings, where)
         deal = (plans_epoch, _saved_deal(state, plans_epoch))
     carried: tuple[int | None, dict[str, int]] = (epoch, entry.drops_of(epoch, carried=True))
     if node is None and epoch > 0:
@@ -218,7 +220,7 @@ def _saved_deal(state: JobState, epoch: int) -> list[Any]:
 
 
 def validate_plans(
-    pipe: DataPipe[Any],
+    part: DataPipe[Any],
     setup: JobSetup,
     rank: int,
     epoch: int,
@@ -227,8 +229,8 @@ def validate_plans(
     path: str,
 ) -> None:
     """Refuse (``InvalidStateError`` naming the place) a rank's consumers' plans that its
-    sources could not read: positions past the data, files past the listing, bad cursors."""
-    part = worker_part(pipe, setup.num_workers)
+    sources could not read: positions past the data, files past the listing, bad cursors.
+    ``part``: what one consumer of ``setup`` runs (:meth:`RecipePlan.consumer_part`)."""
     if len(plans) != setup.consumers_per_rank:
         raise InvalidStateError(path, f"{setup.consumers_per_rank} plans", len(plans))
     for worker, plan in enumerate(plans):

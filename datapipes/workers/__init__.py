@@ -3,5 +3,6 @@
 - :mod:`~datapipes.workers.in_workers`: the ``in_workers`` step and its plan;
 - :mod:`~datapipes.workers.torch_dataset`: the ``IterableDataset`` each worker runs.
 
-May import: nodes, datapipes.pipe, datapipes.placement, datapipes.topology, datapipes.resume.
+May import: nodes, datapipes.pipe, datapipes.placement, datapipes.topology, datapipes.resume,
+datapipes.loader.options (the record of a Loader's options it reads, as a type only).
 """

@@ -5,20 +5,31 @@ Also reads back what the workers report (their states, skip counts).
 
 from __future__ import annotations
 
-import multiprocessing
 import pickle
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 from datapipes.pipe import DataPipe
-from datapipes.placement import check_replay_order, rebuild_on, split_main_steps
-from datapipes.topology import Topology
-from datapipes.workers.torch_dataset import TorchDataset
+from datapipes.placement import RecipePlan, rebuild_on
+from datapipes.workers.torch_dataset import TorchDataset, WorkerJob
 from nodes import Context, Node
 from nodes.base import walk_graph
 from nodes.errors import add_losses, loss_counts, skip_counts
 from nodes.steps.batch import drop_counts
 from nodes.workers.bundles import AUTO
+from nodes.workers.dataloader import start_method
 from nodes.workers.stream import WorkerStreamNode
+
+if TYPE_CHECKING:
+    from datapipes.loader.options import LoaderOptions
+    from nodes.sources.files import Listings
+
+
+class WorkerJobs(Protocol):
+    """Where a Loader's workers get what they read besides the recipe, at each start."""
+
+    def job(self, listings: Listings | None, epoch: int) -> WorkerJob:
+        """The job of the workers that start for ``epoch`` with the Loader's ``listings``."""
 
 
 class InWorkers(DataPipe[Any]):
@@ -26,10 +37,17 @@ class InWorkers(DataPipe[Any]):
 
     name = "in_workers"
 
-    def __init__(self, dataset: TorchDataset, num_workers: int, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        dataset: TorchDataset,
+        num_workers: int,
+        options: dict[str, Any],
+        jobs: WorkerJobs,
+    ) -> None:
         super().__init__(args=(dataset.pipe, num_workers))
         object.__setattr__(self, "_dataset", dataset)
         object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_jobs", jobs)
 
     def stats_label(self) -> str:
         per = self._dataset.items_per_transfer  # type: ignore[attr-defined]
@@ -37,28 +55,28 @@ class InWorkers(DataPipe[Any]):
         return f"DataLoader workers ({self.args[1]} processes{sent})"
 
     def _build(self, ctx: Context) -> Node[Any]:
-        # The workers read the Loader's listings (inherited or pickled), never list again.
-        self._dataset.listings = ctx.listings  # type: ignore[attr-defined]
+        dataset: TorchDataset = self._dataset  # type: ignore[attr-defined]
+        # Each start of the workers gets a dataset of its own with what they read then (the
+        # Loader's listings, so they never list again; an epoch's shares or units).
+        starts = partial(_dataset_for, dataset, self._jobs, ctx.listings)  # type: ignore[attr-defined]
         return WorkerStreamNode(
-            self._dataset,  # type: ignore[attr-defined]
+            dataset,
             self.args[1],
             lambda: ctx.epoch,
-            items_per_transfer=self._dataset.items_per_transfer,  # type: ignore[attr-defined]
+            items_per_transfer=dataset.items_per_transfer,
+            dataset_for_epoch=starts,
             **self._options,  # type: ignore[attr-defined]
         )
 
 
-def runtime_recipe(
-    pipe: DataPipe[Any],
-    topology: Topology,
-    seed: int,
-    num_workers: int,
-    options: dict[str, Any],
-    *,
-    stats: bool = False,
-    items_per_transfer: int | str = 1,
-) -> DataPipe[Any]:
-    """The recipe a Loader builds: ``pipe`` itself without workers, else ``pipe`` with
+def _dataset_for(
+    dataset: TorchDataset, jobs: WorkerJobs, listings: Listings | None, epoch: int
+) -> TorchDataset:
+    return dataset.for_job(jobs.job(listings, epoch))
+
+
+def runtime_recipe(recipe: RecipePlan, options: LoaderOptions, jobs: WorkerJobs) -> DataPipe[Any]:
+    """The recipe a Loader builds: the recipe itself without workers, else the recipe with
     everything before its main-process steps moved into worker processes.
 
     The worker part is built once here (as worker 0 would build it; building
@@ -67,29 +85,33 @@ def runtime_recipe(
     a source that would hand every consumer the same data (``from_iterable``
     without ``shard()``), a recipe that spawned workers could not unpickle.
     """
-    check_replay_order(pipe, num_workers)
-    worker_part, main_steps = split_main_steps(pipe)
+    topology, num_workers = options.topology, options.num_workers
     ctx = Context(
         rank=topology.rank,
         world_size=topology.world_size,
         num_workers=max(num_workers, 1),
-        seed=seed,
+        seed=options.seed,
     )
-    worker_part.build(ctx).close()
+    recipe.worker_part.build(ctx).close()
     if not num_workers:
-        return pipe
-    check_picklable(worker_part, options.get("multiprocessing_context"))
-    dataset = TorchDataset(worker_part, topology, seed, stats=stats, inline_tensors=True)
-    dataset.items_per_transfer = items_per_transfer
-    return rebuild_on(InWorkers(dataset, num_workers, options), main_steps)
+        return recipe.recipe
+    dataloader_options = dict(options.dataloader_options)
+    check_picklable(recipe.worker_part, dataloader_options.get("multiprocessing_context"))
+    dataset = TorchDataset(
+        recipe.worker_part,
+        topology,
+        options.seed,
+        stats=options.stats,
+        inline_tensors=True,
+        job=WorkerJob(items_per_transfer=options.items_per_transfer),
+    )
+    workers = InWorkers(dataset, num_workers, dataloader_options, jobs)
+    return rebuild_on(workers, recipe.main_steps)
 
 
 def check_picklable(pipe: DataPipe[Any], context: Any) -> None:
     """Refuse, with the fix, a recipe that a ``spawn``/``forkserver`` worker could not receive."""
-    if context is None:
-        method = multiprocessing.get_start_method()
-    else:
-        method = context if isinstance(context, str) else context.get_start_method()
+    method = start_method(context)
     if method == "fork":
         return
     try:
@@ -100,17 +122,6 @@ def check_picklable(pipe: DataPipe[Any], context: Any) -> None:
             f"not pickle: {error}. Define the functions it uses at module level (lambdas and "
             "local functions do not pickle), or use multiprocessing_context='fork'."
         ) from error
-
-
-def worker_dataset(pipe: DataPipe[Any]) -> TorchDataset | None:
-    """The dataset a Loader's runtime recipe sends to its DataLoader workers, if it has any."""
-    stack = [pipe]
-    while stack:
-        step = stack.pop()
-        if isinstance(step, InWorkers):
-            return step._dataset  # type: ignore[attr-defined]
-        stack.extend(step.inputs)
-    return None
 
 
 def worker_states(root: Node[Any] | None) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
@@ -12,7 +13,7 @@ from datapipes.resume.model import JobSetup
 from datapipes.topology import Topology
 from nodes import Context, Node
 from nodes.consumer_work import ConsumerWork, DealtWork
-from nodes.dispatch import Dispatcher
+from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.errors import (
     InvalidStateError,
     check_losses,
@@ -36,6 +37,29 @@ if TYPE_CHECKING:
     from nodes.sources.files import Listings
 
 
+@dataclass(frozen=True)
+class WorkerJob:
+    """What a Loader's DataLoader workers read besides the recipe, fixed when they start.
+
+    ``items_per_transfer``: items a worker sends at once (> 1 or ``"auto"``: lists, see
+    :mod:`nodes.workers.bundles`); ``listings``: the Loader's file listings, so no worker
+    lists again; ``plans``: after a resume on another topology, ``(epoch, each worker's
+    share)`` (see :mod:`nodes.elastic`); ``dispatch``: under dynamic dispatch, the epoch's
+    units, which each worker claims through the store; ``trace_folder``: while a trace
+    runs, where each worker's spans go (see :mod:`nodes.observe.trace`).
+    """
+
+    items_per_transfer: int | str = 1
+    listings: Listings | None = None
+    plans: tuple[int, list[Any]] | None = None
+    dispatch: DispatchSpec | None = None
+    trace_folder: str | None = None
+
+
+#: The job of a ``TorchDataset`` under a user's own DataLoader: nothing beyond the recipe.
+NO_JOB = WorkerJob()
+
+
 class TorchDataset(torch.utils.data.IterableDataset):
     """An ``IterableDataset`` over a recipe, for users who keep their own DataLoader.
 
@@ -54,7 +78,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
     the first pass: later passes count on from it, one epoch per pass.
 
     Files: under your own DataLoader each worker lists a recipe's files itself
-    (a Loader lists once and sets ``listings``, which its workers read instead).
+    (a Loader lists once and hands the listings in its ``job``, which its workers read).
 
     >>> import datapipes as dp
     >>> from torch.utils.data import DataLoader
@@ -71,6 +95,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
         *,
         stats: bool = False,
         inline_tensors: bool = False,
+        job: WorkerJob = NO_JOB,
     ) -> None:
         check_no_main_steps(pipe)
         check_replay_order(pipe, 0, in_torch_dataset=True)
@@ -81,23 +106,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # Only where the DataLoader's collate passes items through unchanged (a Loader's
         # workers): a collating DataLoader would meet the wrappers instead of tensors.
         self.inline_tensors = inline_tensors
-        # Items a DataLoader worker sends per transfer (a Loader's items_per_transfer): > 1
-        # or "auto", lists (see nodes.workers.bundles), which the Loader's workers node deals
-        # out again; 1 (also under a user's own DataLoader): one item per transfer.
-        self.items_per_transfer: int | str = 1
-        # The file listings its graphs read (a Loader sets them before starting workers, so
-        # no worker lists the files again); None: each copy lists for itself.
-        self.listings: Listings | None = None
-        # After a resume on another topology (set by a Loader): each worker's share of the
-        # resumed epoch, see nodes.elastic; None: every worker reads its own share.
-        self.worker_plans: list[Any] | None = None
-        self.plans_epoch: int | None = None
-        # Under dynamic dispatch (set by a Loader each epoch): the epoch's units, which each
-        # worker claims for itself through the store (see datapipes.dispatch.dynamic).
-        self.dispatch_spec: Any = None
-        # While a Loader's trace runs (set before its workers start): the folder each
-        # worker's spans go to (see nodes.observe.trace); None: no spans.
-        self.trace_folder: str | None = None
+        # What a Loader's workers read besides the recipe (see WorkerJob); a user's own
+        # DataLoader: nothing, so each worker lists its files and reads its own share.
+        self.job = job
         self._epoch = 0
         self._last_epoch: int | None = None
         self._pending: dict[str, Any] | None = None
@@ -110,6 +121,18 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self.topology.check_against_torch_distributed()
         # A copy sent to a worker starts clean: the live graph (files, threads) stays here.
         return {**self.__dict__, "_root": None, "_ctx": None, "_start": None}
+
+    def for_job(self, job: WorkerJob) -> TorchDataset:
+        """A copy of this dataset, at its start, whose workers read ``job``."""
+        return TorchDataset(
+            self.pipe, self.topology, self.seed,
+            stats=self.stats, inline_tensors=self.inline_tensors, job=job,
+        )  # fmt: skip
+
+    @property
+    def items_per_transfer(self) -> int | str:
+        """Items a worker sends per DataLoader transfer (1: one item each)."""
+        return self.job.items_per_transfer
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass run ``epoch`` (forgets a loaded but unused state)."""
@@ -128,19 +151,18 @@ class TorchDataset(torch.utils.data.IterableDataset):
         """The context of worker ``worker_id`` of ``num_workers``: its slot, the listings
         and, after a resume on another topology, its share (see nodes.elastic)."""
         work: ConsumerWork | None = None
-        spec = self.dispatch_spec
-        plans = self.worker_plans
+        spec, plans = self.job.dispatch, self.job.plans
         if spec is not None and spec.epoch == epoch:
             # Under dynamic dispatch the worker's sources claim the epoch's units themselves.
             work = Dispatcher(spec, self.topology.rank * num_workers + worker_id)
-        elif plans is not None and worker_id < len(plans) and self.plans_epoch is not None:
-            work = DealtWork(self.plans_epoch, plans[worker_id])
+        elif plans is not None and worker_id < len(plans[1]):
+            work = DealtWork(plans[0], plans[1][worker_id])
         setup = JobSetup(self.topology.world_size, num_workers, self.seed)
         return setup.context(
             self.topology.rank,
             worker_id,
             epoch,
-            listings=self.listings,
+            listings=self.job.listings,
             work=work,
             stats=self.stats,
         )
@@ -174,20 +196,20 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # reports the error with an item, which the main process handles like any other,
         # rather than during its startup handshake, where torchdata cannot stop it.
         in_worker = torch.utils.data.get_worker_info() is not None
-        if self.trace_folder is not None and in_worker:
+        if self.job.trace_folder is not None and in_worker:
             ranked = f"rank {ctx.rank} " if ctx.world_size > 1 else ""
             name = f"{ranked}DataLoader worker {ctx.worker_id}"
-            ctx.trace = worker_recorder(self.trace_folder, name)
+            ctx.trace = worker_recorder(self.job.trace_folder, name)
         root = None
         try:
             root = self.pipe.build(ctx)
             root.reset(None if pending is None else pending["node"])
             self._root = root
             items: Iterator[Any] = iter(root)
-            if bundled(self.items_per_transfer) and in_worker:
+            if bundled(self.job.items_per_transfer) and in_worker:
                 # Formed from the items as the pipeline made them (the rule may weigh
                 # them), each item then prepared to travel on its own.
-                rule = TransferRule(self.items_per_transfer)
+                rule = TransferRule(self.job.items_per_transfer)
                 sent: Iterator[Any] = bundles(items, rule, ctx.worker_id)
                 if self.inline_tensors:
                     sent = (list(map(inline_small_tensors, bundle)) for bundle in sent)

@@ -98,7 +98,7 @@ def write(
     """
     from datapipes.loader.loader import Loader
     from datapipes.steps.sources import from_sequence
-    from nodes.workers.stream import WorkerDiedError
+    from nodes.workers.dataloader import WorkerDiedError
 
     check_write_arguments(records_per_shard, bytes_per_shard, min_units, unit_items, stale_seconds)
     if format not in ("jsonl", "tar", "parquet"):

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import re
-import signal
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -14,97 +10,16 @@ from nodes.base import Node, NotReset, State
 from nodes.errors import InvalidStateError
 from nodes.exit_close import close_at_exit, closed
 from nodes.origins import OriginReader, reads_ahead
-from nodes.rng import stable_hash
 from nodes.workers.bundles import FailedInBundle, bundled
-from nodes.workers.parent_watch import WatchMainProcess
+from nodes.workers.dataloader import (
+    SNAPSHOT_EVERY,
+    WorkerDiedError,
+    died_as_they_started,
+    signal_name,
+    stateful_dataloader,
+    without_stats,
+)
 from nodes.workers.states import validate_workers_state
-
-#: The main process snapshots the workers' states every ``SNAPSHOT_EVERY``
-#: items (torchdata's ``snapshot_every_n_steps``); workers send their states
-#: only with the items near a snapshot. A resume restores the last snapshot and
-#: replays the items since, fewer than ``SNAPSHOT_EVERY``. Measured on the JSONL
-#: benchmark (2 workers, 10,000-item shuffle buffer): a state with every item
-#: costs the main process 0.5 ms per batch; at 32 the cost is within noise of a
-#: StatefulDataLoader over a dataset with no state at all.
-SNAPSHOT_EVERY = 32
-
-
-def keep_as_is(item: Any) -> Any:
-    """The DataLoader's collate for items the pipeline made: unchanged (no tuple -> list)."""
-    return item
-
-
-def stateful_dataloader(dataset: Any, num_workers: int, epoch: int, **options: Any) -> Any:
-    """A torchdata ``StatefulDataLoader`` over ``dataset`` yielding its items as they are.
-
-    The workers' base seed (from which torch seeds their ``random`` and
-    ``torch`` generators) comes from the dataset's ``seed``, its rank and
-    ``epoch``, not from torch's global generator, which the DataLoader would
-    otherwise draw from, so iterating never moves the training process's RNG
-    and the workers of different ranks draw differently.
-    """
-    import torch
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    # Every worker first makes sure it ends with the main process (see nodes.workers.parent_watch).
-    options["worker_init_fn"] = WatchMainProcess(
-        options.get("worker_init_fn"), start_method(options.get("multiprocessing_context"))
-    )
-    topology = getattr(dataset, "topology", None)
-    rank = getattr(topology, "rank", 0)
-    key = f"datapipes workers {getattr(dataset, 'seed', 0)} {rank} {epoch}"
-    with warnings.catch_warnings():
-        # torchdata calls a torch API deprecated in torch >= 2.6 on every construction.
-        warnings.filterwarnings("ignore", message=".*set_vital.*")
-        return StatefulDataLoader(
-            dataset,
-            batch_size=None,
-            collate_fn=keep_as_is,  # the default would turn tuples into lists, arrays to tensors
-            num_workers=num_workers,
-            generator=torch.Generator().manual_seed(stable_hash(key)),
-            **{"snapshot_every_n_steps": SNAPSHOT_EVERY, **options},
-        )
-
-
-def start_method(context: Any) -> str:
-    """How worker processes start under a DataLoader's ``multiprocessing_context``."""
-    if context is None:
-        return multiprocessing.get_start_method()
-    return context if isinstance(context, str) else context.get_start_method()
-
-
-def _without_stats(state: dict[str, Any]) -> dict[str, Any]:
-    """The DataLoader's state without the statistics the workers' states carry.
-
-    Statistics ride on the workers' states to reach this process (see
-    ``TorchDataset.state_dict``); a checkpoint stays the same with them on or
-    off. Anything unexpected is kept.
-    """
-    return torchdata.map_dataset_states(state, _drop_stats)
-
-
-def _drop_stats(dataset: Any) -> Any:
-    if isinstance(dataset, dict) and "stats" in dataset:
-        return {k: v for k, v in dataset.items() if k != "stats"}
-    return dataset
-
-
-class WorkerDiedError(RuntimeError):
-    """A DataLoader worker process ended abruptly (a signal, ``os._exit``, the OOM killer)."""
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _died_as_they_started(message: str) -> str:
-    """``"worker process(es) pid 123"`` from torch's error for workers that died before the
-    node knew them (``DataLoader worker (pid(s) 123) exited unexpectedly``), else ``""``."""
-    found = re.search(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly", message)
-    return f"worker process(es) pid {found.group(1)}" if found else ""
 
 
 class WorkerStreamNode(Node):
@@ -123,6 +38,10 @@ class WorkerStreamNode(Node):
     after the last item *returned* here (items the workers had computed ahead
     are computed again). Errors in a worker are raised here with the worker's
     traceback; a worker that dies ends the epoch with an error naming it.
+
+    ``dataset_for_epoch(epoch)``: the dataset new workers start with for an
+    epoch (default: ``dataset`` each time), for what they read that differs by
+    epoch (a Loader's units, a resumed epoch's shares).
 
     ``items_per_transfer=K > 1`` or ``"auto"``: the dataset sends lists of up
     to ``K`` items (``"auto"``: up to 16, fewer when they are big; see
@@ -147,6 +66,7 @@ class WorkerStreamNode(Node):
         epoch: Callable[[], int],
         *,
         items_per_transfer: int | str = 1,
+        dataset_for_epoch: Callable[[int], Any] | None = None,
         **options: Any,
     ) -> None:
         super().__init__()
@@ -161,6 +81,8 @@ class WorkerStreamNode(Node):
         self._before: Any = None
         self._skip = 0
         self._dataset = dataset
+        # What new workers start with for an epoch (what they read may differ by epoch).
+        self._dataset_for_epoch = dataset_for_epoch
         self._num_workers = num_workers
         self._epoch = epoch
         self._options = options
@@ -179,24 +101,32 @@ class WorkerStreamNode(Node):
 
     def reset(self, state: State | None = None) -> None:
         epoch = self._epoch()
-        # Persistent workers go on to the next epoch by themselves (each copy of the dataset
-        # counts its passes); a resume or any other epoch needs fresh ones.
-        reuse = state is None and self._workers is not None and self._finished_epoch == epoch - 1
-        # A persistent worker killed while it waited is reported at the first next(); the
-        # epoch starts in fresh workers, so the state then is this epoch's start.
-        self._died_idle = self._dead_workers() if reuse else ""
-        if not reuse or self._died_idle:
-            self._stop_workers()
-            self._dataset.set_epoch(epoch)
-            self._loader = stateful_dataloader(
-                self._dataset, self._num_workers, epoch, **self._options
-            )
+        self._start_or_reuse_workers(epoch, state)
         self._finished_epoch = None
         self._closed_state = None
         self._final_states = []
         self._ended = state is not None and bool(state.get("ended"))
         if state is not None and not self._ended:
             self._loader.load_state_dict(state["dataloader"])
+        self._begin_iteration(epoch, state)
+        self._restore_counts(state)
+
+    def _start_or_reuse_workers(self, epoch: int, state: State | None) -> None:
+        # Persistent workers go on to the next epoch by themselves (each copy of the dataset
+        # counts its passes); a resume or any other epoch needs fresh ones.
+        reuse = state is None and self._workers is not None and self._finished_epoch == epoch - 1
+        # A persistent worker killed while it waited is reported at the first next(); the
+        # epoch starts in fresh workers, so the state then is this epoch's start.
+        self._died_idle = self._dead_workers() if reuse else ""
+        if reuse and not self._died_idle:
+            return
+        self._stop_workers()
+        if self._dataset_for_epoch is not None:
+            self._dataset = self._dataset_for_epoch(epoch)
+        self._dataset.set_epoch(epoch)
+        self._loader = stateful_dataloader(self._dataset, self._num_workers, epoch, **self._options)
+
+    def _begin_iteration(self, epoch: int, state: State | None) -> None:
         try:
             self._it = iter(()) if self._ended else iter(self._loader)
         except BaseException as error:
@@ -210,7 +140,7 @@ class WorkerStreamNode(Node):
                 self._closed_state = dict(state)
             dead = self._dead_workers() if isinstance(error, RuntimeError) else ""
             if not dead and isinstance(error, RuntimeError):  # the new workers torch started
-                dead = _died_as_they_started(str(error))
+                dead = died_as_they_started(str(error))
             self._stop_workers()
             torchdata.shutdown_failed_start(error)
             if not dead:
@@ -224,14 +154,18 @@ class WorkerStreamNode(Node):
             close_at_exit(self)
             torchdata.watch_deaths(self._it)  # reported by __next__, never from user code
         self._exits_seen = torchdata.child_exits
+
+    def _restore_counts(self, state: State | None) -> None:
+        """The counts of items returned and of the bundle in hand, as of ``state``."""
         self._last_good = None
         self._returned = 0
         self._bundle, self._taken, self._before, self._skip = None, 0, None, 0
-        if state is not None and not self._ended and state.get("taken"):
+        if state is None or self._ended:
+            return
+        if state.get("taken"):
             self._before, self._skip = state["dataloader"], state["taken"]
-        if state is not None and not self._ended:
-            summary = torchdata.snapshot_summary(state["dataloader"])
-            self._returned = summary["snapshot_step"] + summary["steps_since"]
+        summary = torchdata.snapshot_summary(state["dataloader"])
+        self._returned = summary["snapshot_step"] + summary["steps_since"]
 
     def __next__(self) -> Any:
         if self._bundles:
@@ -340,7 +274,7 @@ class WorkerStreamNode(Node):
         for state in (self._loader.state_dict(), self._last_good):
             at = torchdata.at_step(state, self._returned)
             if at is not None:
-                return {"ended": False, "dataloader": _without_stats(at), **taken}
+                return {"ended": False, "dataloader": without_stats(at), **taken}
         return self.state_dict()
 
     def _inside_bundle(self) -> State | None:
@@ -348,7 +282,7 @@ class WorkerStreamNode(Node):
         if self._skip:
             return {"ended": False, "dataloader": self._before, **self._bundled(self._skip)}
         if self._bundle is not None and self._taken < len(self._bundle):
-            before = _without_stats(self._before)
+            before = without_stats(self._before)
             return {"ended": False, "dataloader": before, **self._bundled(self._taken)}
         return None
 
@@ -373,7 +307,7 @@ class WorkerStreamNode(Node):
             code = process.exitcode
             if code is None or code == 0:
                 continue
-            how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit code {code}"
+            how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
             found.append(f"worker {worker_id} (pid {process.pid}, {how})")
         return ", ".join(found)
 
@@ -382,7 +316,7 @@ class WorkerStreamNode(Node):
             return dict(self._closed_state)
         if self._ended or self._loader is None:
             return {"ended": self._ended}
-        state = {"ended": False, "dataloader": _without_stats(self._loader.state_dict())}
+        state = {"ended": False, "dataloader": without_stats(self._loader.state_dict())}
         if self._bundles:
             return self._inside_bundle() or {**state, **self._bundled(0)}
         return state
@@ -428,10 +362,14 @@ class WorkerStreamNode(Node):
         """Refuse a state the workers could not resume: every worker's snapshot is checked
         against the graph that worker builds (in this process, before any worker starts)."""
         every = self._options.get("snapshot_every_n_steps", SNAPSHOT_EVERY)
+        epoch = self._epoch()
+        dataset = self._dataset
+        if self._dataset_for_epoch is not None:  # the one the workers of a resume start with
+            dataset = self._dataset_for_epoch(epoch)
         validate_workers_state(
-            self._dataset,
+            dataset,
             self._num_workers,
-            self._epoch(),
+            epoch,
             state,
             path,
             snapshot_every=every,

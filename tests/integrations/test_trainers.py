@@ -67,7 +67,7 @@ def test_iter_starts_nothing_until_a_batch_is_asked_for():
     data = dp.TrainerLoader(loader, fetched_ahead=1)
     for _ in range(3):
         iter(data)  # Lightning looks at the loader this way, and throws the iterator away
-    assert loader.epoch == 0 and loader._root is None  # no epoch begun, no graph built
+    assert loader.epoch == 0 and loader._graph.root is None  # no epoch begun, no graph built
     assert as_lists(data) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     assert as_lists(data) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]  # the next epoch
     assert loader.epoch == 2

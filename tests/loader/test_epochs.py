@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import datapipes as dp
 from datapipes.loader.epochs import EpochCursor
 from datapipes.loader.even_batches import EvenBatchesPolicy, items_per_rank
+from datapipes.loader.options import LoaderOptions
+from datapipes.placement import RecipePlan
 from datapipes.topology import Topology
 from nodes import Context
 from nodes.steps.even import CountedAgreement, EvenBatchesNode
@@ -81,8 +85,10 @@ def test_set_epoch_starts_afresh_and_refuses_a_negative_epoch():
 
 
 def policy(requested: bool | None, origin: str, world_size: int = 2) -> EvenBatchesPolicy:
-    topology = Topology(0, world_size, origin)
-    return EvenBatchesPolicy(requested, dp.range(5).batch(2), topology, 0, 0)
+    pipe = dp.range(5).batch(2)
+    options = LoaderOptions.check(pipe, rank=0, world_size=world_size, even_batches=requested)
+    options = dataclasses.replace(options, topology=Topology(0, world_size, origin))
+    return EvenBatchesPolicy(options, RecipePlan.of(pipe, 0))
 
 
 def test_the_torchrun_default_is_open_until_adopted_from_a_checkpoint():

@@ -26,7 +26,9 @@ from subprocess_helpers import run_forked_ranks
 import datapipes as dp
 from datapipes.loader.listings import file_sets
 from nodes import Context
+from nodes.base import walk_graph
 from nodes.sources.files import FileSet, Listings
+from nodes.workers.stream import WorkerStreamNode
 
 PROTOCOL = "countinglocal"
 
@@ -168,10 +170,12 @@ def test_the_worker_part_carries_the_listing_when_pickled_for_spawned_workers(tm
     log = tmp_path / "log"
     make_files(tmp_path / "d", files=2)
     loader = dp.Loader(counted_files(tmp_path / "d", log).read_jsonl(), num_workers=1)
-    loader._build().close()  # the first epoch's build: the Loader lists, the dataset gets it
-    dataset = loader._runtime_pipe._dataset
+    root = loader._graph.current()  # the first epoch's build: the Loader lists
+    stream = next(n for n in walk_graph(root) if isinstance(n, WorkerStreamNode))
+    dataset = stream._dataset_for_epoch(0)  # what the workers of epoch 0 start with
+    loader.close()
     copy = pickle.loads(pickle.dumps(dataset))  # what a spawned worker receives
-    assert isinstance(copy.listings, Listings) and len(copy.listings) == 1
+    assert isinstance(copy.job.listings, Listings) and len(copy.job.listings) == 1
     root = copy.pipe.build(copy._context())
     root.reset(None)
     assert sorted(ids(list(root))) == list(range(200))

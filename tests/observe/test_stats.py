@@ -217,7 +217,7 @@ def test_counts_filter_batch_and_the_chain_of_times(virtual_clock: VirtualClock)
     # a serial chain: each step waits on the total of the step before it (capped by its own
     # total: after the first items, totals are estimated from one item in 16), and every
     # step's own time plus its wait is its total, within what the loop waited for
-    rows = [r for r in graph_stats(loader._root) if r["key"] != "loader"]
+    rows = [r for r in graph_stats(loader._graph.root) if r["key"] != "loader"]
     for before, after in zip(rows, rows[1:]):
         assert after["wait_seconds"] == min(before["seconds"], after["seconds"])
     for r in rows:

@@ -198,7 +198,7 @@ def test_a_trace_over_part_of_an_epoch_keeps_every_item_and_its_graph_loses_the_
 def _graph(loader: dp.Loader) -> list[Any]:
     from nodes.base import walk_graph
 
-    return list(walk_graph(loader._root))
+    return list(walk_graph(loader._graph.root))
 
 
 def test_a_prefetch_thread_is_a_thread_of_its_own(tmp_path):

@@ -127,7 +127,7 @@ def count_read(x: int) -> int:
 
 
 def the_map(loader: dp.Loader) -> ParallelMapNode:
-    found = [n for n in walk_graph(loader._root) if isinstance(n, ParallelMapNode)]
+    found = [n for n in walk_graph(loader._graph.root) if isinstance(n, ParallelMapNode)]
     assert len(found) == 1
     return found[0]
 

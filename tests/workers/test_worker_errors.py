@@ -750,7 +750,7 @@ def test_a_closed_loader_leaves_no_stopped_worker_behind() -> None:
     loader = dp.Loader(dp.range(2000).map(abs), num_workers=2)
     items = iter(loader)
     next(items)
-    node = loader._root
+    node = loader._graph.root
     while not hasattr(node, "_it"):
         node = node.inputs[0]
     workers = torchdata.worker_processes(node._it)
@@ -764,7 +764,7 @@ def test_a_closed_loader_leaves_no_stopped_worker_behind() -> None:
 def test_workers_that_die_as_torch_starts_them_are_named_from_its_error() -> None:
     """A worker killed while a fresh DataLoader iterator starts is not known to the node yet:
     torch's message names its pid, and the node raises WorkerDiedError with it."""
-    from nodes.workers.stream import _died_as_they_started
+    from nodes.workers.dataloader import died_as_they_started as _died_as_they_started
 
     message = "DataLoader worker (pid(s) 4242, 4243) exited unexpectedly"
     assert _died_as_they_started(message) == "worker process(es) pid 4242, 4243"
