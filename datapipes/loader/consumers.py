@@ -44,6 +44,7 @@ class RankConsumers:
         """What the workers that start now for ``epoch`` read besides the recipe."""
         return WorkerJob(
             items_per_transfer=self._items_per_transfer,
+            dispatched=self._dynamic,
             listings=listings,
             plans=self._plans,
             dispatch=self._units,

@@ -104,7 +104,7 @@ def _worker_record(node: WorkerStreamNode) -> dict[str, Any]:
     dataset = node.dataset
     topology = dataset.topology
     work = None
-    if dataset.dispatch_spec is not None:  # dynamic dispatch: wrapped as the workers' are
+    if dataset.job.dispatched:  # dynamic dispatch: wrapped as the workers' are
         work = Dispatcher(DispatchSpec(None, "", -1, 1, 1), 0)
     setup = JobSetup(topology.world_size, node.num_workers, dataset.seed)
     ctx = setup.context(topology.rank, 0, work=work, stats=dataset.stats)

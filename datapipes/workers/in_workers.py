@@ -103,7 +103,10 @@ def runtime_recipe(recipe: RecipePlan, options: LoaderOptions, jobs: WorkerJobs)
         options.seed,
         stats=options.stats,
         inline_tensors=True,
-        job=WorkerJob(items_per_transfer=options.items_per_transfer),
+        job=WorkerJob(
+            items_per_transfer=options.items_per_transfer,
+            dispatched=options.dispatch is not None,
+        ),
     )
     workers = InWorkers(dataset, num_workers, dataloader_options, jobs)
     return rebuild_on(workers, recipe.main_steps)

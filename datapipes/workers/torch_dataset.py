@@ -45,11 +45,13 @@ class WorkerJob:
     :mod:`nodes.workers.bundles`); ``listings``: the Loader's file listings, so no worker
     lists again; ``plans``: after a resume on another topology, ``(epoch, each worker's
     share)`` (see :mod:`nodes.elastic`); ``dispatch``: under dynamic dispatch, the epoch's
-    units, which each worker claims through the store; ``trace_folder``: while a trace
-    runs, where each worker's spans go (see :mod:`nodes.observe.trace`).
+    units, which each worker claims through the store (``dispatched``: the Loader
+    dispatches so, its workers' graphs are built to claim); ``trace_folder``: while a
+    trace runs, where each worker's spans go (see :mod:`nodes.observe.trace`).
     """
 
     items_per_transfer: int | str = 1
+    dispatched: bool = False
     listings: Listings | None = None
     plans: tuple[int, list[Any]] | None = None
     dispatch: DispatchSpec | None = None
