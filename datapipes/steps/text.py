@@ -12,7 +12,7 @@ qualified name, or the ``name`` given.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from datapipes.pipe import DataPipe
@@ -122,8 +122,3 @@ class Pack(DataPipe[Any]):
             self.inputs[0].build(ctx), self.args[0], method=kw["method"], field=kw["field"],
             pad_id=kw["pad_id"], bins=kw["bins"], drop_last=kw["drop_last"],
         )  # fmt: skip
-
-
-def tokenizer_encoder(tokenizer: Any, name: str | None = None) -> Callable[[list[str]], Any]:
-    """``tokenizer`` as the batch encoder ``tokenize`` calls (for tests and benchmarks)."""
-    return Encoder(tokenizer, name)

@@ -68,10 +68,6 @@ class Destination:
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
 
-    def url_of(self, name: str) -> str:
-        """The URL of ``name`` (a path inside the destination) for readers."""
-        return f"{self.url}/{name}"
-
     # ----- files that appear complete ----------------------------------------------------------
     def publish(self, name: str, data: bytes) -> None:
         """Write ``data`` as ``name`` (a path inside the destination), all or nothing."""

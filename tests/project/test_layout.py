@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = sorted(
     p.parent for top in ("datapipes", "nodes") for p in (ROOT / top).rglob("__init__.py")
 )
-DOTTED = re.compile(r"(?<![\w./-])((?:datapipes|nodes)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+DOTTED = re.compile(r"(?<![\w./-])((?:datapipes|nodes|tests)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 PATH = re.compile(r"(?<![\w./-])((?:datapipes|nodes|tests|benchmarks|tutorials|docs)/[\w/.-]*\w)")
 
 
@@ -81,6 +81,8 @@ def test_the_import_rule_is_read_and_enforced() -> None:
 def names_module(name: str) -> bool:
     """Whether a dotted name is a project module, or an attribute path inside one."""
     parts = name.split(".")
+    if parts[0] == "tests":  # a test module is named, not imported: importing it runs its setup
+        return any(is_module(".".join(parts[:cut])) for cut in range(len(parts), 1, -1))
     for cut in range(len(parts), 0, -1):
         if is_module(".".join(parts[:cut])):
             obj: object = importlib.import_module(".".join(parts[:cut]))
@@ -131,3 +133,18 @@ def test_a_stale_module_name_is_found() -> None:
     assert names_module("datapipes.resume")
     assert not names_module("datapipes.elastic")
     assert not names_module("nodes.steps.combine.NoSuchNode")
+    assert names_module("tests.steps.test_random_map.shuffled")
+    assert not names_module("tests.test_random_map")
+
+
+def test_no_test_folder_shadows_a_project_package() -> None:
+    """A script in ``tests/`` run as ``python tests/x.py`` has ``tests/`` first on its path.
+
+    A folder there named like a project package (``tests/nodes``, no ``__init__``) is a
+    namespace package that wins over an editable install, so ``from nodes import Context``
+    fails in every subprocess the suite starts from another directory.
+    """
+    tops = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert {"datapipes", "nodes"} <= tops
+    clashes = sorted(folder.name for folder in (ROOT / "tests").iterdir() if folder.name in tops)
+    assert not clashes, f"tests/ folders named like project packages: {clashes}; rename them"

@@ -424,7 +424,7 @@ def test_global_rng_crops_the_same_at_0_and_3_workers():
 def test_same_draws_in_a_new_process():
     code = (
         "import json, datapipes as dp\n"
-        "from tests.test_random_map import shuffled, draws_by_item\n"
+        "from tests.steps.test_random_map import shuffled, draws_by_item\n"
         "print(json.dumps(sorted(draws_by_item(dp.Loader(shuffled(), seed=6)).items())))\n"
     )
     here = sorted(draws_by_item(dp.Loader(shuffled(), seed=6)).items())
@@ -433,7 +433,7 @@ def test_same_draws_in_a_new_process():
 
 
 def _jsonl_files(tmp_path: Any, files: int, per_file: int) -> str:
-    # Imported here: a new process imports this module as tests.test_random_map, where the
+    # Imported here: a new process imports this module as tests.steps.test_random_map, where the
     # tests folder is not on the path.
     from file_fixtures import write_id_files
 
