@@ -56,7 +56,7 @@ def under_torchrun(config: dict[str, Any]) -> None:
 def fault_the_taker(fault: dict[str, Any], store: Any) -> None:
     """Make this rank kill or stop itself at ``fault["step"]`` of a takeover it wins, if no
     rank of the job faulted before."""
-    from datapipes.dispatch import takeover
+    from datapipes.dispatch import owed, takeover
     from nodes.dispatch import lease
 
     def fault_now() -> None:
@@ -75,14 +75,14 @@ def fault_the_taker(fault: dict[str, Any], store: Any) -> None:
 
         lease.LeaseWatch.take = take_then_fault  # type: ignore[method-assign]
     elif step == "working_out":
-        work_of = takeover.taken_work
+        work_of = owed.taken_work
 
         def work_then_fault(*args: Any) -> Any:
             work = work_of(*args)
             fault_now()
             return work
 
-        takeover.taken_work = work_then_fault  # type: ignore[assignment]
+        owed.taken_work = work_then_fault  # type: ignore[assignment]
     elif step == "reading":
         phase = takeover.Takeovers._phase
 

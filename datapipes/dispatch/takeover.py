@@ -43,12 +43,12 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from datapipes.resume import JobSetup, claimed_work, parse_state, rank_state
-from datapipes.resume.records import at_epoch_start, dispatch_record
+from datapipes.dispatch import owed
+from datapipes.resume import JobSetup, rank_state
+from datapipes.resume.records import at_epoch_start
 from nodes import elastic as el
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.dispatch import lease as lease_module
-from nodes.dispatch.dispatcher import claim_list_key, claims_in, seal
 from nodes.dispatch.lease import (
     DONE,
     TAKEN,
@@ -59,7 +59,6 @@ from nodes.dispatch.lease import (
     lease_key,
     takeover_key,
 )
-from nodes.errors import InvalidStateError
 
 if TYPE_CHECKING:
     from datapipes.dispatch.dynamic import DynamicDispatch
@@ -80,33 +79,6 @@ class UnfinishedEpochError(RuntimeError):
 
 class TakeoverCheckpointError(RuntimeError):
     """A checkpoint was asked for while this rank read a stalled rank's units."""
-
-
-def _text(state: dict[str, Any]) -> str:
-    return json.dumps(state, separators=(",", ":"))
-
-
-def taken_work(
-    recipe: RecipePlan, state: dict[str, Any], rank: int, since: int, client: Any, listings: Any
-) -> el.Work:
-    """What ``rank`` had not delivered: its state ``state`` (a Loader state) ``since``
-    items on, and the units its consumers claimed but had not reached.
-
-    Its claims are sealed first (no consumer of it claims after this), then read from
-    the store: they include units claimed after ``state`` was published.
-    """
-    parsed = parse_state(state)
-    entry = parsed.ranks.get(rank)
-    if entry is None or entry.dispatch is None:  # a position, but not this rank's
-        where = f'ranks["{rank}"].dispatch'
-        raise InvalidStateError(where, "the rank's dispatch record", None)
-    consumers = parsed.setup.consumers_of(rank)
-    claims: dict[int, dict[str, list[int]]] = {c: {} for c in consumers}
-    for place in {place for units in entry.dispatch.claims.values() for place in units}:
-        entries = seal(client, claim_list_key(entry.dispatch.key, place), rank)
-        for consumer in consumers:
-            claims[consumer][place] = claims_in(entries, consumer)
-    return claimed_work(recipe.recipe, parsed, rank, since, listings, claims=claims)
 
 
 class RankPosition(Protocol):
@@ -183,7 +155,7 @@ class Takeovers:
             lease = self.lease = Lease(self.client, spec.key, self._rank, self.lease_seconds)
         try:
             start = self._position.position()
-            lease.start(_text(start))
+            lease.start(owed.lease_text(start))
             yield from self._written_ahead(items, self._position.position, self._at_start(start))
             yield from self._after(spec)
         except LeaseLost as lost:
@@ -215,7 +187,7 @@ class Takeovers:
         for item in lease.pulled_from(items):
             if at_start or lease.due():
                 current = state()
-                lease.publish_state(_text(current), phase=phase)
+                lease.publish_state(owed.lease_text(current), phase=phase)
                 at_start = self._at_start(current)
             else:
                 lease.delivered()
@@ -307,13 +279,21 @@ class Takeovers:
         so a taker that wakes late and publishes too writes what is there already."""
         lease = self.lease
         assert lease is not None
-        lease.publish_state(_text(self._position.position()))
+        lease.publish_state(owed.lease_text(self._position.position()))
         was = watch.take(rank, raw)
         if was is None:  # another rank was first, or it woke up
             return False
         work: el.Work = {}
         if was["status"] != DONE:
-            work = self._work_of(spec, watch, rank, was)
+            work = owed.work_of(
+                self._recipe,
+                watch,
+                rank,
+                was,
+                self.client,
+                self._position.listings(),
+                self._start_state,
+            )
         lease.renew()  # LeaseLost if this rank was taken over meanwhile: its taker publishes
         self.client.set(takeover_key(spec.key, rank), json.dumps(work))
         self._report["took_over"].append(rank)
@@ -336,24 +316,6 @@ class Takeovers:
                 self._take(spec, watch, taken, lease_raw)
                 continue
             time.sleep(POLL_SECONDS)
-
-    def _work_of(
-        self, spec: DispatchSpec, watch: LeaseWatch, rank: int, old: dict[str, Any]
-    ) -> el.Work:
-        number = old.get("state", -1)
-        text = watch.state_text(rank, number) if number >= 0 else None
-        if text is None:  # it never published a position: it delivered nothing this epoch
-            state = self._start_state(rank)
-            since = 0
-        else:
-            try:
-                state = json.loads(text)
-            except ValueError as error:
-                raise InvalidStateError(
-                    f"dispatch lease {rank} state {number}", "a Loader state (JSON)", text[:60]
-                ) from error
-            since = int(old.get("since", 0))
-        return taken_work(self._recipe, state, rank, since, self.client, self._position.listings())
 
     def _start_state(self, rank: int) -> dict[str, Any]:
         """A state of the job at the start of the running epoch with ``rank``'s entry (a
@@ -388,10 +350,10 @@ class Takeovers:
         assert lease is not None
         self.reading_phase = taken
         try:
-            state_of = self._phase_state(phase, root)
+            state_of = owed.phase_state(self._recipe, self._position.setup, self._rank, phase, root)
             # Active at the phase's start before the reset claims its first unit: a taker
             # of this rank then replays every unit it claimed in the phase.
-            lease.publish_state(_text(state_of(start=True)), phase=taken)
+            lease.publish_state(owed.lease_text(state_of(start=True)), phase=taken)
             root.reset(None)
             for item in self._written_ahead(root, state_of, True, phase=taken):
                 self._report["items_taken_over"] += 1
@@ -399,34 +361,6 @@ class Takeovers:
         finally:
             self.reading_phase = None
             root.close()
-
-    def _phase_state(self, phase: DispatchSpec, root: Any) -> Callable[..., dict[str, Any]]:
-        """The phase's position as a one-consumer-per-rank Loader state (what a taker of
-        this rank converts)."""
-        setup = dataclasses.replace(
-            self._position.setup, num_workers=0, items_per_transfer=1, even_batches=False
-        )
-        record = dispatch_record(
-            epoch=phase.epoch,
-            key=phase.key,
-            consumers=phase.consumers,
-            unit_items=phase.unit_items,
-            work=phase.work,
-            claims={self._rank: {place: [] for place in phase.work}},
-        )
-
-        def state(start: bool = False) -> dict[str, Any]:
-            return rank_state(
-                fingerprint=self._recipe.fingerprint,
-                steps=list(self._recipe.steps),
-                setup=setup,
-                rank=self._rank,
-                epoch=phase.epoch,
-                node=None if start else root.state_dict(),
-                dispatch=record,
-            )
-
-        return state
 
     def check_checkpoint(self) -> None:
         """Refuse a checkpoint while this rank reads a taken-over rank's units, or while

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from datapipes.resume import JobSetup, ResumePlan, parse_state, rank_state, resume_plan
 from datapipes.resume.graph import GraphRecord, node_path
-from datapipes.resume.remaining import check_recipe
+from datapipes.resume.merge import check_recipe
 
 if TYPE_CHECKING:
     from datapipes.dispatch.dynamic import DynamicDispatch

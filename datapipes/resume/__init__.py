@@ -8,8 +8,10 @@
 - :mod:`~datapipes.resume.records`: states written out (the layout is there);
 - :mod:`~datapipes.resume.graph`: the graph record a state carries, and raw
   states read for display;
-- :mod:`~datapipes.resume.remaining`: merging ranks' states, what an epoch
-  still owes, a taken-over rank's claimed work;
+- :mod:`~datapipes.resume.merge`: ranks' states merged into one, a state
+  checked against the recipe;
+- :mod:`~datapipes.resume.remaining`: what an epoch still owes, a taken-over
+  rank's claimed work;
 - :mod:`~datapipes.resume.plan`: (recipe, parsed state, new setup, listings)
   -> :class:`ResumePlan`, which the Loader carries out.
 
@@ -18,6 +20,7 @@ This package imports neither the Loader nor the takeover code.
 May import: nodes, datapipes.pipe, datapipes.placement, datapipes.steps.
 """
 
+from datapipes.resume.merge import merge_states
 from datapipes.resume.model import (
     DispatchRecord,
     Drops,
@@ -30,7 +33,7 @@ from datapipes.resume.model import (
 from datapipes.resume.parse import STATE_VERSION, parse_state
 from datapipes.resume.plan import ResumePlan, resume_plan
 from datapipes.resume.records import job_state, rank_state
-from datapipes.resume.remaining import claimed_work, merge_states, remaining_work
+from datapipes.resume.remaining import claimed_work, remaining_work
 
 __all__ = [
     "STATE_VERSION",
