@@ -43,8 +43,11 @@ the states of one job are merged (:func:`gather`, here); a state that does not
 parse is shown as found. Then:
 
 - ``recipe``: ``--recipe`` loaded, and whether it can resume each state;
-- ``job``: what a state covers, what remains of its epoch and how it is dealt;
+- ``job``: what a state covers, what remains of its epoch and how it is dealt
+  (``pieces``: what a list of pieces of work holds; ``dispatch``: the dynamic
+  dispatch records and the job's units);
 - ``tree``: the levels of a node state, by the recorded graph or a recipe built again;
+- ``position``: those levels as lines of text;
 - ``render``: the text and JSON report.
 
 In-process, for tutorials and notebooks::

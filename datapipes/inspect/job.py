@@ -4,12 +4,13 @@ A state (parsed once, :class:`datapipes.resume.JobState`) covers every rank of
 its job (it can resume on any topology) or some ranks only (it resumes on the
 saved topology). For a state that covers its job, :func:`elastic_report` says,
 with the recipe, how much of the interrupted epoch remains (per source: items
-of a positions source, records and file rests of a file source) and how it
-would be dealt to another topology; without the recipe, what the state itself
-tells (each rank's epoch, the ranks that finished it, the plans a rank holds
-after a resume on another topology, the units its consumers claimed under
-dynamic dispatch). Everything is plain data (the ``--json`` output);
-:mod:`datapipes.inspect.render` writes it as text.
+of a positions source, records and file rests of a file source, counted by
+:mod:`datapipes.inspect.pieces`) and how it would be dealt to another
+topology; without the recipe, what the state itself tells (each rank's epoch,
+the ranks that finished it, the plans a rank holds after a resume on another
+topology, the units its consumers claimed under dynamic dispatch, from
+:mod:`datapipes.inspect.dispatch`). Everything is plain data (the ``--json``
+output); :mod:`datapipes.inspect.render` writes it as text.
 """
 
 from __future__ import annotations
@@ -17,21 +18,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from datapipes.inspect.dispatch import dispatch_ranks, job_units
+from datapipes.inspect.pieces import plans_summary, source_rows
 from datapipes.inspect.tree import source_labels
 from datapipes.pipe import DataPipe
-from datapipes.resume import (
-    DispatchRecord,
-    JobSetup,
-    JobState,
-    Plans,
-    RankEntry,
-    parse_state,
-    remaining_work,
-)
-from datapipes.resume.claims import ReplayDispatch, whole_epoch
+from datapipes.resume import JobSetup, JobState, RankEntry, parse_state, remaining_work
+from datapipes.resume.claims import ReplayDispatch
 from datapipes.resume.remaining import resume_epoch
 from nodes import elastic as el
-from nodes.dispatch import DispatchSpec
 from nodes.errors import InvalidStateError, StateMismatchError
 
 
@@ -94,72 +88,6 @@ def coverage(state: JobState) -> tuple[bool, str]:
     )
 
 
-# ----- pieces of work, counted for people ----------------------------------------------------
-
-
-def summarize(kind: str | None, pieces: list[el.Piece], held: int | None = None) -> dict[str, Any]:
-    """What a list of pieces of one source holds (``kind`` ``None``: told by the pieces).
-
-    Positions: ``items`` (``None`` for an open-ended stream tail), in ``runs``,
-    of which ``partial`` are items a ``flat_map`` had started. Records:
-    ``held`` single records (read but not delivered at the checkpoint, first),
-    then ``whole`` untouched files or file parts and ``started`` ones (their
-    rest from a record); their records are known only by reading the files.
-    Files (a file list): ``items``, the files.
-    """
-    if kind is None:
-        kind = el.POSITIONS if pieces and "range" in pieces[0] else el.RECORDS
-    out: dict[str, Any] = {"kind": kind, "pieces": len(pieces)}
-    if kind in (el.POSITIONS, el.STREAM):
-        lengths = [el.piece_length(piece) for piece in pieces]
-        out["items"] = None if None in lengths else sum(lengths)  # type: ignore[arg-type]
-        # Held positions join the untouched ranges they continue (nodes.elastic.coalesce):
-        # the work counts them ("held"); a plan's pieces alone do not tell.
-        out["held"] = held
-        out["partial"] = sum(1 for p in pieces if "outputs" in p or "from" in p)
-        return out
-    if kind == el.FILES:
-        out["items"] = len(pieces)
-        return out
-    rests = [piece for piece in pieces if not piece.get("one")]
-    whole = sum(1 for p in rests if p.get("cursor") is None and not p.get("index"))
-    out.update(held=len(pieces) - len(rests), whole=whole, started=len(rests) - whole)
-    return out
-
-
-def _sources(work: el.Work | None, labels: dict[str, str]) -> list[dict[str, Any]]:
-    """One row per source of ``work``: its label and what its pieces hold."""
-    rows = [
-        {
-            "place": place,
-            "label": labels.get(place, place),
-            **summarize(entry["kind"], entry["pieces"], entry.get("held")),
-        }
-        for place, entry in (work or {}).items()
-    ]
-    return sorted(rows, key=lambda row: row["label"])
-
-
-def plans_summary(plans: Plans | None, epoch: int) -> dict[str, Any] | None:
-    """The plans a rank entry holds: for which epoch (``current``: ``epoch``), and per
-    consumer what they hold."""
-    if plans is None:
-        return None
-    try:  # pieces are checked by the sources that read them: these may not be pieces
-        summaries = [
-            {place: summarize(None, pieces) for place, pieces in sorted(plan.items())}
-            for plan in plans.consumers
-        ]
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        return {"problem": f"unreadable plans ({type(error).__name__}: {error})"}
-    return {
-        "epoch": plans.epoch,
-        "current": plans.epoch == epoch,
-        "consumers": summaries,
-        "pieces": sum(s["pieces"] for plan in summaries for s in plan.values()),
-    }
-
-
 # ----- the report --------------------------------------------------------------------------------
 
 
@@ -175,8 +103,9 @@ def elastic_report(
     and status (mid-epoch, not started, finished the epoch) and the plans it
     holds. With ``pipe`` (the recipe; its fingerprint must be the state's) and
     a state that covers the job: ``remaining``, the interrupted epoch's
-    remaining work per source (:func:`summarize`); with ``world_size`` or
-    ``num_workers``, ``deal``: what each consumer of that topology would get.
+    remaining work per source (:func:`datapipes.inspect.pieces.summarize`);
+    with ``world_size`` or ``num_workers``, ``deal``: what each consumer of
+    that topology would get.
     ``problem`` says why something asked for cannot be told (a refusal of an
     elastic resume, :class:`datapipes.ElasticResumeError`, is ``refused``).
     """
@@ -305,7 +234,7 @@ def _remaining(report: dict[str, Any], pipe: DataPipe[Any], state: JobState) -> 
     report["remaining"] = {
         "epoch": at,
         "whole_epoch": work is None,
-        "sources": _sources(work, labels),
+        "sources": source_rows(work, labels),
     }
     if work is not None:
         report["work"] = work
@@ -329,7 +258,7 @@ def _deal(
     if target.same_topology(state.setup):
         for rank in state.ranks:
             at, own = remaining_work(pipe, state.only(rank))
-            sources = _sources(own, labels) if at == epoch else []
+            sources = source_rows(own, labels) if at == epoch else []
             consumers.append({"rank": rank, "worker": None, "sources": sources})
     elif work is not None:
         for index, plan in enumerate(el.deal(work, target.num_consumers)):
@@ -337,97 +266,6 @@ def _deal(
             kinds = {place: {"kind": work[place]["kind"], "pieces": p} for place, p in plan.items()}
             worker_id = worker if target.num_workers else None
             consumers.append(
-                {"rank": rank, "worker": worker_id, "sources": _sources(kinds, labels)}
+                {"rank": rank, "worker": worker_id, "sources": source_rows(kinds, labels)}
             )
     return consumers
-
-
-# ----- dynamic dispatch: each rank's record, and the job's units -----------------------------
-
-
-def dispatch_ranks(state: JobState, pipe: DataPipe[Any] | None) -> dict[str, Any]:
-    """Each rank's dispatch record (dynamic dispatch) as plain data, by rank; with the recipe
-    (``pipe``, the state's) also how many units each source had. A record whose units
-    cannot be cut is a ``problem``, never an exception."""
-    out: dict[str, Any] = {}
-    whole: dict[int, el.Work] = {}  # the whole work of an epoch, worked out once
-    named: dict[int, dict[str, str]] = {}  # and its sources' labels
-    for rank, entry in state.ranks.items():
-        record = entry.dispatch
-        if record is None:
-            continue
-        if pipe is None:
-            out[str(rank)] = record_summary(record)
-            continue
-        try:
-            if record.epoch not in named:
-                named[record.epoch] = source_labels(pipe, state.setup, record.epoch)
-            work = record.work
-            if work is None:
-                if record.epoch not in whole:
-                    whole[record.epoch] = whole_epoch(pipe, state.setup, record.epoch)
-                work = whole[record.epoch]
-            spec = DispatchSpec(
-                None, record.key, record.epoch, record.consumers, record.unit_items, work
-            )
-            units = {place: len(spec.units(place)) for place in work}
-        except Exception as error:  # noqa: BLE001 - shown as the record's problem
-            out[str(rank)] = {"problem": f"cutting its epoch into units failed: {error}"}
-            continue
-        out[str(rank)] = record_summary(record, named[record.epoch], units)
-    return out
-
-
-def record_summary(
-    record: DispatchRecord,
-    labels: dict[str, str] | None = None,
-    units: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    """A rank's dispatch record as plain data: epoch, unit size, consumers, and per
-    consumer the units it claimed per source (``labels``: the sources' recipe labels;
-    ``units``: each source's number of units, when known)."""
-    labels = labels or {}
-    rows = []
-    for consumer, places in sorted(record.claims.items()):
-        per_source = [
-            {"place": place, "label": labels.get(place, place), "units": list(places[place])}
-            for place in sorted(places, key=lambda p: labels.get(p, p))
-        ]
-        count = sum(len(s["units"]) for s in per_source)
-        rows.append({"consumer": consumer, "sources": per_source, "claimed": count})
-    out = {
-        "epoch": record.epoch,
-        "unit_items": record.unit_items,
-        "consumers": record.consumers,
-        "resumed": record.work is not None,
-        "claims": rows,
-    }
-    if units:
-        out["units"] = dict(units)  # by place: two sources may have the same label
-        out["labels"] = {place: labels.get(place, place) for place in units}
-    return out
-
-
-def job_units(
-    replay: ReplayDispatch, records: list[DispatchRecord], labels: dict[str, str]
-) -> list[dict[str, Any]]:
-    """Per source of the job's dynamic epoch (after ``replay`` ran in the remaining work):
-    its units, how many some consumer claimed, and how many no consumer reached (handed
-    out whole by a resume)."""
-    unreached = replay.unreached_units()
-    claimed: dict[str, set[int]] = {}
-    for record in records:
-        for places in record.claims.values():
-            for place, units in places.items():
-                claimed.setdefault(place, set()).update(units)
-    rows = [
-        {
-            "place": place,
-            "label": labels.get(place, place),
-            "units": len(replay.spec.units(place)),
-            "claimed": len(claimed.get(place, set())),
-            "unreached": len(unreached.get(place, [])),
-        }
-        for place in replay.spec.work
-    ]
-    return sorted(rows, key=lambda row: row["label"])

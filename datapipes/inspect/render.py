@@ -2,7 +2,7 @@
 
 Per state: its version, fingerprint, seed, steps and topology; per rank its
 epoch, plans, dispatch record and position (level by level, see
-:class:`datapipes.inspect.tree.Writer`); then the recipe check and the job's
+:class:`datapipes.inspect.position.Writer`); then the recipe check and the job's
 part (:func:`datapipes.inspect.job.job_report`). A parsed state is shown from
 its model; one that does not parse is shown as found, as far as it goes
 (:func:`_as_found`, the one place that reads a state's raw fields).
@@ -13,8 +13,11 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-from datapipes.inspect.job import Shown, plans_summary, ranks_text, record_summary
-from datapipes.inspect.tree import RecipeGraph, Writer, recipe_graph, saved_graph, scalar
+from datapipes.inspect.dispatch import record_summary
+from datapipes.inspect.job import Shown, ranks_text
+from datapipes.inspect.pieces import plans_summary
+from datapipes.inspect.position import Writer, scalar
+from datapipes.inspect.tree import RecipeGraph, recipe_graph, saved_graph
 from datapipes.pipe import DataPipe
 from datapipes.resume import JobState, Plans
 from datapipes.resume.graph import decode_state
@@ -233,7 +236,7 @@ def plans_text(plans: Plans, epoch: int) -> str:
 
 
 def record_text(summary: dict[str, Any]) -> str:
-    """The line of a rank's dispatch record (see :func:`datapipes.inspect.job.record_summary`).
+    """The line of a rank's dispatch record (see :func:`datapipes.inspect.dispatch.record_summary`).
 
     >>> record_text({"epoch": 0, "unit_items": 64, "consumers": 2, "units": {"7": 16},
     ...     "claims": [{"consumer": 1, "claimed": 2,
