@@ -1,7 +1,7 @@
 """The fluent steps that know a format: decode samples, crop images, tokenize and pack text.
 
 :class:`datapipes.fluent.FluentSteps` inherits them; like the rest of the fluent API they
-only build the step (:mod:`datapipes.steps.transforms`, :mod:`datapipes.steps.crops`,
+only build the step (:mod:`datapipes.steps.decode`, :mod:`datapipes.steps.crops`,
 :mod:`datapipes.steps.text`).
 """
 
@@ -146,7 +146,7 @@ class FormatSteps:
         >>> list(dp.Loader(dp.from_sequence([sample]).decode()))
         [{'__key__': 'a', 'cls': 3, 'json': {'x': 1}}]
         """
-        from datapipes.steps.transforms import Decode  # it imports this module
+        from datapipes.steps.decode import Decode  # it imports this module
 
         return Decode(
             self,

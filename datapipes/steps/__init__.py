@@ -4,6 +4,7 @@
 - :mod:`~datapipes.steps.iterables`: sources from iterables, torch datasets, Hugging Face;
 - :mod:`~datapipes.steps.files`: ``dp.files(...)`` and its ``read_*`` steps;
 - :mod:`~datapipes.steps.transforms`: the chainable steps (map, filter, batch, shuffle, ...);
+- :mod:`~datapipes.steps.decode`: ``decode``, dict samples' bytes fields decoded;
 - :mod:`~datapipes.steps.combine`: concat, zip, mix;
 - :mod:`~datapipes.steps.random_map`: random transforms that resume exactly;
   :mod:`~datapipes.steps.crops`: seeded random resized crops;

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from datapipes.pipe import DataPipe, _rebuild
-from datapipes.steps.transforms import Decode
+from datapipes.steps.decode import Decode
 from nodes import Context, Node
 from nodes.media.crops import CropParams, FusedDecodeCrop, ResizedCrop, WithStream, capture_stream
 from nodes.media.decode import DecodeNode, SampleDecoder, SettleBadSamples
