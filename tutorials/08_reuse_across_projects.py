@@ -333,11 +333,13 @@ print(sorted(p.name for p in package.iterdir()))
 
 # %% [markdown]
 # The training project imports it. Its recipe pickles by reference to the
-# package's functions and classes, which worker processes started with
-# `spawn` import by name; a lambda has no name to import, and a recipe that
-# holds one does not pickle. And because a fingerprint names functions and
-# classes by their qualified names, the package's `train_pipe()` is *the
-# same recipe* as the one defined above.
+# package's functions and classes, which another process imports by name; a
+# lambda has no name to import, so the standard pickle refuses a recipe that
+# holds one. (A Loader's `spawn` and `forkserver` workers receive the recipe
+# by value, with cloudpickle, so lambdas work there; a package shares
+# recipes by name.) And because a fingerprint names functions and classes by
+# their qualified names, the package's `train_pipe()` is *the same recipe*
+# as the one defined above.
 
 # %%
 sys.path.insert(0, str(package.parent))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import pickle
 import zipfile
 from pathlib import Path
@@ -93,10 +94,18 @@ _ALLOWED = {
     ("torch", "Size"),
     *torch_adapter.DCP_METADATA_GLOBALS,
     ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PurePosixPath"),
-    ("pathlib", "PureWindowsPath"),
+}
+
+#: The path classes a ``.metadata`` may hold (a DCP checkpoint's storage paths), named by
+#: what they are: each under its public name (``pathlib.PosixPath``, what Python 3.12 and
+#: older write), the module that defines it since 3.13 (``pathlib._local``) and the one
+#: that defines it on this Python, so a checkpoint written on any supported Python reads on
+#: any other. The class is returned as it is: nothing the pickle names is imported.
+_PATHS = (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
+_PATH_CLASSES = {
+    (module, cls.__name__): cls
+    for cls in _PATHS
+    for module in ("pathlib", "pathlib._local", cls.__module__)
 }
 
 
@@ -106,6 +115,8 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
+        if (module, name) in _PATH_CLASSES:
+            return _PATH_CLASSES[module, name]
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         if module == _METADATA_MODULE:

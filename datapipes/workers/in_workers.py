@@ -5,12 +5,12 @@ Also reads back what the workers report (their states, skip counts).
 
 from __future__ import annotations
 
-import pickle
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from datapipes.pipe import DataPipe
 from datapipes.placement import RecipePlan, rebuild_on
+from datapipes.workers.shipping import pickled
 from datapipes.workers.torch_dataset import TorchDataset, WorkerJob
 from nodes import Context, Node
 from nodes.base import walk_graph
@@ -83,7 +83,7 @@ def runtime_recipe(recipe: RecipePlan, options: LoaderOptions, jobs: WorkerJobs)
     opens nothing), so a recipe that cannot run fails now, not at the first
     item or inside a worker: a main-process step where workers would run it,
     a source that would hand every consumer the same data (``from_iterable``
-    without ``shard()``), a recipe that spawned workers could not unpickle.
+    without ``shard()``), a recipe that spawned workers could not receive.
     """
     topology, num_workers = options.topology, options.num_workers
     ctx = Context(
@@ -113,18 +113,11 @@ def runtime_recipe(recipe: RecipePlan, options: LoaderOptions, jobs: WorkerJobs)
 
 
 def check_picklable(pipe: DataPipe[Any], context: Any) -> None:
-    """Refuse, with the fix, a recipe that a ``spawn``/``forkserver`` worker could not receive."""
+    """Refuse, naming the step and the fix, a recipe that a ``spawn``/``forkserver`` worker
+    could not receive (lambdas and closures travel: see :mod:`datapipes.workers.shipping`)."""
     method = start_method(context)
-    if method == "fork":
-        return
-    try:
-        pickle.dumps(pipe)
-    except Exception as error:
-        raise TypeError(
-            f"worker processes started with {method!r} receive the recipe pickled, but it does "
-            f"not pickle: {error}. Define the functions it uses at module level (lambdas and "
-            "local functions do not pickle), or use multiprocessing_context='fork'."
-        ) from error
+    if method != "fork":
+        pickled(pipe, method)
 
 
 def worker_states(root: Node[Any] | None) -> list[dict[str, Any]]:

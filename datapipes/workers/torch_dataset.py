@@ -11,6 +11,7 @@ import torch.utils.data
 from datapipes.placement import check_no_main_steps, check_replay_order
 from datapipes.resume.model import JobSetup
 from datapipes.topology import Topology
+from datapipes.workers.shipping import ByValue
 from nodes import Context, Node
 from nodes.consumer_work import ConsumerWork, DealtWork
 from nodes.dispatch import Dispatcher, DispatchSpec
@@ -122,7 +123,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
         # Pickled for spawned workers, which cannot see the process group: check it here.
         self.topology.check_against_torch_distributed()
         # A copy sent to a worker starts clean: the live graph (files, threads) stays here.
-        return {**self.__dict__, "_root": None, "_ctx": None, "_start": None}
+        # The recipe goes by value, so its lambdas and closures travel too.
+        live = {"_root": None, "_ctx": None, "_start": None}
+        return {**self.__dict__, **live, "pipe": ByValue(self.pipe)}
 
     def for_job(self, job: WorkerJob) -> TorchDataset:
         """A copy of this dataset, at its start, whose workers read ``job``."""

@@ -16,6 +16,7 @@ from nodes.workers.dataloader import (
     WorkerDiedError,
     died_as_they_started,
     signal_name,
+    start_method,
     stateful_dataloader,
     without_stats,
 )
@@ -145,9 +146,18 @@ class WorkerStreamNode(Node):
             torchdata.shutdown_failed_start(error)
             if not dead:
                 raise
+            method = start_method(self._options.get("multiprocessing_context"))
+            main_module = (
+                ""
+                if method == "fork"
+                else f" Workers started with {method!r} first import the script's main "
+                "module: if their output above says 'An attempt has been made to start a new "
+                "process before the current process has finished its bootstrapping phase', "
+                "run the Loader under `if __name__ == '__main__':`."
+            )
             raise WorkerDiedError(
                 f"DataLoader {dead} died as epoch {epoch} began, before it read anything; "
-                "nothing was lost: iterate again to run the epoch in new workers."
+                "nothing was lost: iterate again to run the epoch in new workers." + main_module
             ) from error
         if not self._ended:
             self._workers = self._it

@@ -11,8 +11,9 @@ torchrun jobs (tests/resume/test_elastic_distributed.py) read folders that gloo 
 from __future__ import annotations
 
 import json
+import pickle
 import warnings
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 import datapipes as dp
 from datapipes.checkpoint.dcp import load_dcp_states
+from datapipes.checkpoint.reading import CheckpointError, read_dcp_metadata
 
 # ----- a multi-rank DCP save, simulated in one process -----------------------------------------
 
@@ -290,3 +292,22 @@ def test_chained_resumes_through_dcp(tmp_path: Path):
         loader.load_state_dict(state)
         seen += [i for b in loader for i in b.tolist()]
     assert sorted(seen) == list(range(60))
+
+
+@pytest.mark.parametrize("module", ["pathlib", "pathlib._local"])
+def test_storage_paths_read_as_any_python_writes_them(tmp_path: Path, module: str):
+    """Python 3.12 and older pickle ``pathlib.PosixPath``; 3.13 ``pathlib._local.PosixPath``."""
+    written = pickle.dumps({"path": PurePosixPath("shard/0.distcp")}, protocol=2)
+    assert b"cpathlib\nPurePosixPath\n" in written  # the GLOBAL opcode names module and class
+    (tmp_path / ".metadata").write_bytes(written.replace(b"cpathlib\n", f"c{module}\n".encode()))
+    assert read_dcp_metadata(tmp_path) == {"path": PurePosixPath("shard/0.distcp")}
+
+
+@pytest.mark.parametrize(
+    "named", [b"cpathlib._local\nPath\n", b"cos\nsystem\n", b"cpathlib\nPath.__new__\n"]
+)
+def test_a_metadata_pickle_naming_anything_else_is_refused(tmp_path: Path, named: bytes):
+    written = pickle.dumps({"path": PurePosixPath("x")}, protocol=2)
+    (tmp_path / ".metadata").write_bytes(written.replace(b"cpathlib\nPurePosixPath\n", named))
+    with pytest.raises(CheckpointError, match="refusing to unpickle .* checkpoint's .metadata"):
+        read_dcp_metadata(tmp_path)

@@ -3,6 +3,7 @@ and proof that the kit catches nodes that break the contract."""
 
 from __future__ import annotations
 
+import inspect
 import textwrap
 import threading
 
@@ -321,15 +322,23 @@ def test_mix_node_with_a_zero_weight_input():
 
 
 def _docstring_example(obj: object, marker: str) -> dict[str, object]:
-    """Run the indented code block that follows ``marker`` in ``obj.__doc__``."""
-    doc = obj.__doc__ or ""
+    """Run the indented code block that follows ``marker`` in ``obj.__doc__``.
+
+    The docstring is cleaned first (``inspect.cleandoc``): Python 3.13 strips its common
+    indentation when compiling, older Pythons keep it, so the block is found by being
+    indented deeper than the marker's line, whatever either is.
+    """
+    doc = inspect.cleandoc(obj.__doc__ or "").splitlines()
+    at = next(i for i, line in enumerate(doc) if marker in line)
+    depth = len(doc[at]) - len(doc[at].lstrip())
     lines = []
-    for line in doc[doc.index(marker) + len(marker) :].splitlines()[1:]:
-        if line.strip() and not line.startswith("        "):
+    for line in doc[at + 1 :]:
+        if line.strip() and len(line) - len(line.lstrip()) <= depth:
             break
         lines.append(line)
     namespace: dict[str, object] = {"Node": Node}
     exec(textwrap.dedent("\n".join(lines)), namespace)
+    assert namespace.keys() - {"Node", "__builtins__"}, f"no code after {marker!r}"
     return namespace
 
 

@@ -370,16 +370,6 @@ def test_a_loader_made_under_torchrun_before_init_process_group_still_evens_the_
     assert len(seen) == len(set(seen))
 
 
-@pytest.mark.slow
-def test_spawned_workers_need_a_picklable_recipe_and_say_so():
-    with pytest.raises(TypeError, match="module level"):
-        dp.Loader(dp.range(4).map(lambda x: x), num_workers=1, multiprocessing_context="spawn")
-    pipe = dp.range(12).shuffle().map(abs).batch(2)  # builtins pickle
-    reference = [batch.tolist() for batch in dp.Loader(pipe, num_workers=1)]
-    spawned = dp.Loader(pipe, num_workers=1, multiprocessing_context="spawn")
-    assert [batch.tolist() for batch in spawned] == reference
-
-
 def _jsonl_with_bad_lines(folder) -> str:
     for index in range(2):
         lines = [f'{{"j": {j}}}' if j != 5 else "{bad" for j in range(20)]
