@@ -6,7 +6,8 @@ authors of custom steps use these classes directly.
 May import: nodes (its own packages; nothing of datapipes).
 """
 
-from nodes.base import UPSTREAM, Context, Node, ScopedContext, State
+from nodes.base import UPSTREAM, Node, State
+from nodes.context import Context, ScopedContext
 from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.media.decode import DecodeNode, SampleDecoder
 from nodes.observe.stats import StatsNode

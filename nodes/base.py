@@ -1,20 +1,17 @@
-"""The node contract and the context a graph of nodes is bound to.
+"""The node contract: what every runtime step implements, and walks over a built graph.
 
 The floor of the graph: it imports only :mod:`nodes.errors` and
 :mod:`nodes.origins` (which import nothing of ``nodes``), never a module that
-builds on nodes.
+builds on nodes. The context a graph is bound to is :mod:`nodes.context`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from nodes.errors import ErrorPolicy, InvalidStateError, refuse
 from nodes.origins import OriginReader, refuse_random_map, source_origin
-
-if TYPE_CHECKING:
-    from nodes.consumer_work import ConsumerWork
 
 T = TypeVar("T")
 
@@ -24,162 +21,6 @@ State = dict[str, Any]
 #: "taken": 3}``), or a list of them, one per input (zip, mix). What a state holds is
 #: read through :meth:`Node.upstream_states`, which follows this key by default.
 UPSTREAM = "upstream"
-
-
-class Context:
-    """Where a graph of nodes runs: its consumer slot, epoch and seed.
-
-    A *consumer* is one (rank, worker) pair; data is dealt across
-    ``world_size * num_workers`` consumers. ``epoch`` is mutable: the owner of
-    a graph (usually a :class:`datapipes.Loader`) sets it before ``reset``.
-    ``stats=True`` builds every step with per-step statistics
-    (:class:`nodes.observe.stats.StatsNode`). ``listings`` (a :class:`nodes.sources.files.Listings`,
-    set by the owner) holds the file listings its file lists share instead of each
-    listing the files itself.
-
-    >>> ctx = Context(rank=1, world_size=2, epoch=3, seed=7)
-    >>> ctx.consumer_index, ctx.num_consumers
-    (1, 2)
-    """
-
-    #: In a graph built before a ``shard()``: the context of the consumer the shard runs
-    #: for (this one then reads the whole stream); ``None`` otherwise.
-    shard_ctx: Any = None
-    #: While a trace runs (``Loader.trace``): the :class:`nodes.observe.trace.SpanRecorder` every
-    #: step's statistics node notes its spans in; it builds them even without ``stats``.
-    trace: Any = None
-
-    def plan_for(self, place: str | None) -> list[Any] | None:
-        """The pieces the source at ``place`` reads this epoch, or ``None``: its own share."""
-        work = self.work
-        if work is None or place is None or work.epoch != self.epoch:
-            return None
-        return work.plan_for(place)
-
-    def rounds_planned(self, base: str) -> list[int]:
-        """The rounds of the source at ``base`` (under a ``repeat``) this epoch's dealt work
-        holds (see :mod:`nodes.rounds`); none: every round is read afresh."""
-        work = self.work
-        if work is None or work.epoch != self.epoch:
-            return []
-        return work.rounds_of(base)
-
-    @property
-    def dispatch(self) -> Any:
-        """This consumer's :class:`nodes.dispatch.Dispatcher` under dynamic dispatch (its
-        ``work`` claims units on demand), else ``None``."""
-        work = self.work
-        return work if work is not None and work.claims_on_demand else None
-
-    def place_of(self, key: int) -> str:
-        """A source's place in the recipe: its step's key within the combinator branches
-        and ``repeat`` rounds it sits in (the same on every topology and epoch)."""
-        return "/".join(str(part) for part in self.random_key(key)[2:])
-
-    def __init__(
-        self,
-        *,
-        rank: int = 0,
-        world_size: int = 1,
-        worker_id: int = 0,
-        num_workers: int = 1,
-        epoch: int = 0,
-        seed: int = 0,
-        stats: bool = False,
-        listings: Any = None,
-        work: ConsumerWork | None = None,
-    ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        if not 0 <= worker_id < num_workers:
-            raise ValueError(
-                f"worker_id must be in [0, num_workers={num_workers}), got {worker_id}"
-            )
-        self.rank = rank
-        self.world_size = world_size
-        self.worker_id = worker_id
-        self.num_workers = num_workers
-        self.epoch = epoch
-        self.seed = seed
-        self.stats = stats
-        #: The file listings this graph reads (a :class:`nodes.sources.files.Listings`; ``None``:
-        #: each file list lists for itself).
-        self.listings = listings
-        #: What this consumer reads instead of its own share (see :mod:`nodes.consumer_work`).
-        self.work = work
-
-    @property
-    def consumer_index(self) -> int:
-        """This consumer's index among all ``num_consumers`` (rank-major)."""
-        return self.rank * self.num_workers + self.worker_id
-
-    @property
-    def num_consumers(self) -> int:
-        """How many consumers share the data: ``world_size * num_workers``."""
-        return self.world_size * self.num_workers
-
-    def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
-        """Entropy for an RNG: (seed, epoch, *parts). Never touches global RNGs."""
-        return [self.seed if seed is None else seed, self.epoch, *parts]
-
-    def __repr__(self) -> str:
-        return (
-            f"Context(rank={self.rank}, world_size={self.world_size}, "
-            f"worker_id={self.worker_id}, num_workers={self.num_workers}, "
-            f"epoch={self.epoch}, seed={self.seed})"
-        )
-
-
-def every_consumer(
-    world_size: int, num_workers: int, *, epoch: int = 0, seed: int = 0
-) -> list[Context]:
-    """The contexts of all ``world_size * num_workers`` consumers, rank-major.
-
-    >>> [c.consumer_index for c in every_consumer(2, 2)]
-    [0, 1, 2, 3]
-    """
-    return [
-        Context(
-            rank=rank,
-            world_size=world_size,
-            worker_id=worker,
-            num_workers=num_workers,
-            epoch=epoch,
-            seed=seed,
-        )
-        for rank in range(world_size)
-        for worker in range(num_workers)
-    ]
-
-
-class ScopedContext(Context):
-    """A view of a parent context that adds ``tag`` to every RNG key.
-
-    Places in a graph that must draw different random streams get their own
-    scope: each branch of a combinator (so ``dp.zip(a.shuffle(), a.shuffle())``
-    shuffles its two branches independently), and each round of a
-    ``repeat()`` (the node bumps ``tag`` per round). Rank, epoch and seed
-    still come from the parent.
-    """
-
-    def __init__(self, parent: Context, tag: int = 0) -> None:
-        self._parent = parent
-        self.tag = tag
-
-    rank = property(lambda self: self._parent.rank)
-    world_size = property(lambda self: self._parent.world_size)
-    worker_id = property(lambda self: self._parent.worker_id)
-    num_workers = property(lambda self: self._parent.num_workers)
-    epoch = property(lambda self: self._parent.epoch)
-    seed = property(lambda self: self._parent.seed)
-    stats = property(lambda self: self._parent.stats)
-    trace = property(lambda self: self._parent.trace)
-    listings = property(lambda self: self._parent.listings)
-    work = property(lambda self: self._parent.work)
-    shard_ctx = property(lambda self: self._parent.shard_ctx)
-
-    def random_key(self, *parts: int, seed: int | None = None) -> list[int]:
-        return self._parent.random_key(self.tag, *parts, seed=seed)
 
 
 class Node(Iterator[T]):
@@ -253,8 +94,8 @@ class Node(Iterator[T]):
     # The source protocol: what a source (``elastic = "source"``) declares besides untouched().
 
     #: A source's place in the recipe, the same on every topology (set when the recipe is
-    #: built: :meth:`Context.place_of`); it names the source's work in a plan. ``None``:
-    #: not a source, or not built from a recipe.
+    #: built: :meth:`nodes.context.Context.place_of`); it names the source's work in a
+    #: plan. ``None``: not a source, or not built from a recipe.
     place: str | None = None
     #: How a source's remaining work is cut and dealt: ``"positions"``, ``"stream"``,
     #: ``"records"`` or ``"files"`` (see :mod:`nodes.elastic`); ``None``: not a source.

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from nodes.base import Context, Node
+from nodes.base import Node
+from nodes.context import Context
 from nodes.errors import InvalidStateError
 
 NodeFactory = Callable[[Context], Node]

@@ -10,8 +10,8 @@ from datapipes.pipe import DataPipe
 from datapipes.placement import split_main_steps
 from datapipes.topology import Topology
 from nodes import Context, Node
-from nodes.base import every_consumer
 from nodes.consumer_work import DealtWork
+from nodes.context import every_consumer
 from nodes.steps.even import CollectiveAgreement, CountedAgreement, EvenBatchesNode, RankAgreement
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """File readers: a node that deals file parts to consumers, and one format per file type.
 
-May import: nodes.base, nodes.errors, nodes.state_checks, nodes.iterators, nodes.storage,
-nodes.sources, nodes.elastic, nodes.adapters.
+May import: nodes.base, nodes.context, nodes.errors, nodes.state_checks, nodes.iterators,
+nodes.storage, nodes.sources, nodes.elastic, nodes.adapters.
 """
 
 from nodes.readers.csv_format import CsvFormat

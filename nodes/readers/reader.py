@@ -8,7 +8,8 @@ from itertools import chain
 from typing import Any
 
 from nodes import elastic as el
-from nodes.base import Context, Node, NotReset, State
+from nodes.base import Node, NotReset, State
+from nodes.context import Context
 from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.readers.file_states import check_cursor, validate_reader

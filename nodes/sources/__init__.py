@@ -7,6 +7,6 @@
   :mod:`~nodes.sources.getitems` and :mod:`~nodes.sources.batched_fetch`: ``__getitems__``;
 - :mod:`~nodes.sources.worker_info`: what ``get_worker_info()`` says while a dataset starts.
 
-May import: nodes.base, nodes.errors, nodes.origins, nodes.rng, nodes.state_checks,
+May import: nodes.base, nodes.context, nodes.errors, nodes.origins, nodes.rng, nodes.state_checks,
 nodes.iterators, nodes.steps, nodes.storage, nodes.elastic, nodes.adapters, nodes.observe.
 """

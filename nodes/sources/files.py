@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from nodes import elastic as el
-from nodes.base import Context, Node, NotReset, State
+from nodes.base import Node, NotReset, State
+from nodes.context import Context
 from nodes.errors import InvalidStateError, StateMismatchError
 from nodes.iterators import list_iterator_position, positioned_iterator
 from nodes.rng import IndexPermutation

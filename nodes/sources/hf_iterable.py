@@ -22,7 +22,7 @@ from nodes.adapters.third_party import (
     hf_split,
     is_hf_like,
 )
-from nodes.base import Context
+from nodes.context import Context
 
 
 def is_hf_iterable(source: Any) -> bool:

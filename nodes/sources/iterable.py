@@ -8,7 +8,8 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from nodes.base import Context, Node, NotReset, State
+from nodes.base import Node, NotReset, State
+from nodes.context import Context
 from nodes.errors import InvalidStateError
 from nodes.origins import OriginReader, refuse_random_map
 from nodes.sources.hf_iterable import hf_part, is_hf_iterable

@@ -23,7 +23,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from nodes.adapters.torchdata import WorkerInfo, set_worker_info
-from nodes.base import Context
+from nodes.context import Context
 
 
 class PresentedWorkerInfo(WorkerInfo):

@@ -7,7 +7,8 @@ from collections.abc import Iterator, Sequence
 from itertools import accumulate, chain
 from typing import Any
 
-from nodes.base import UPSTREAM, Context, Node, NotReset, State
+from nodes.base import UPSTREAM, Node, NotReset, State
+from nodes.context import Context
 from nodes.errors import InvalidStateError
 from nodes.origins import OriginReader, refuse_random_map, source_origin
 from nodes.rng import UniformStream

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from nodes.base import Context, Node, State
+from nodes.base import Node, State
+from nodes.context import Context
 from nodes.origins import OriginReader
 from nodes.origins import RandomMapError as RandomMapError  # its error, where users look
 from nodes.rng import stable_hash

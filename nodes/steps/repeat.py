@@ -6,7 +6,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from nodes import elastic as el
-from nodes.base import UPSTREAM, Node, NotReset, ScopedContext, State
+from nodes.base import UPSTREAM, Node, NotReset, State
+from nodes.context import ScopedContext
 from nodes.errors import InvalidStateError
 from nodes.rounds import round_place
 from nodes.state_checks import at, expect_bool, expect_int, expect_keys

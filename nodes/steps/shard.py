@@ -7,7 +7,8 @@ from itertools import islice
 from typing import Any
 
 from nodes import elastic as el
-from nodes.base import UPSTREAM, Context, Node, NotReset, State
+from nodes.base import UPSTREAM, Node, NotReset, State
+from nodes.context import Context
 from nodes.state_checks import at, expect_int, expect_keys
 
 _END = object()

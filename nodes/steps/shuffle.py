@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 from itertools import count
 from typing import Any
 
-from nodes.base import UPSTREAM, Context, Node, NotReset, State
+from nodes.base import UPSTREAM, Node, NotReset, State
+from nodes.context import Context
 from nodes.errors import InvalidStateError
 from nodes.origins import OriginReader
 from nodes.rng import UniformStream

@@ -123,6 +123,7 @@ def _imports_of_nodes(path: Path) -> set[str]:
 def test_the_node_contract_imports_only_the_floor_below_it() -> None:
     floor_below = {"nodes.errors", "nodes.origins", "nodes.consumer_work", "nodes.rounds"}
     assert _imports_of_nodes(NODES / "base.py") <= floor_below
+    assert _imports_of_nodes(NODES / "context.py") <= floor_below
     for floor in ("errors.py", "origins.py", "iterators.py", "rounds.py"):
         assert _imports_of_nodes(NODES / floor) == set(), floor
     # the work a consumer reads names rounds of a repeat's sources (pure functions of names)

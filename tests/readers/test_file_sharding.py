@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 import datapipes as dp
 from nodes import Context
-from nodes.base import every_consumer
+from nodes.context import every_consumer
 from nodes.testing import read_epoch
 
 # ----- a guard against hangs ------------------------------------------------------------------

@@ -19,7 +19,7 @@ from helpers import is_odd, tenfold, worker_counts
 
 import datapipes as dp
 from nodes import Context, IterableNode, ShardNode, WholeDataContext
-from nodes.base import every_consumer
+from nodes.context import every_consumer
 from nodes.testing import check_node, read_epoch
 
 # ----- data and helpers (module level, so DataLoader workers could pickle them) ---------------
