@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import images_large  # noqa: E402
 
 import datapipes as dp  # noqa: E402
-from nodes.media.crops import CropParams, draw_crop  # noqa: E402
+from nodes.media.crop_boxes import CropParams, draw_crop  # noqa: E402
 from nodes.media.device_jpeg import EncodedCrop, decode_crops  # noqa: E402
 
 SIZE = 224

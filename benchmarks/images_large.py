@@ -302,7 +302,7 @@ def region_crop(data: bytes, key: str, resizer: str = "torch") -> torch.Tensor:
     DCT scale, whichever does less work; torch's antialiased resize, 0.3-0.5 ms against
     Pillow's 1.1-1.4 ms for these crops, measured); ``"pillow"``: the box always, then
     :func:`resized_crop` as the other variants resize."""
-    from nodes.media.crops import decode_jpeg_crop
+    from nodes.media.jpeg_crop import decode_jpeg_crop
 
     jpeg = _region_jpeg()
     height, width = jpeg.size(data)

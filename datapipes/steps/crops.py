@@ -8,7 +8,8 @@ from typing import Any
 from datapipes.pipe import DataPipe, _rebuild
 from datapipes.steps.decode import Decode
 from nodes import Context, Node
-from nodes.media.crops import CropParams, FusedDecodeCrop, ResizedCrop, WithStream, capture_stream
+from nodes.media.crop_boxes import CropParams
+from nodes.media.crops import FusedDecodeCrop, ResizedCrop, WithStream, capture_stream
 from nodes.media.decode import DecodeNode, SampleDecoder, SettleBadSamples
 from nodes.media.jpeg import check_nvimgcodec
 from nodes.steps.parallel_map import ParallelMapNode

@@ -1,112 +1,36 @@
 """Random resized crops (+ horizontal flip) of uint8 CHW images, alone or fused with decoding.
 
-The draws follow torchvision's ``RandomResizedCrop``: up to 10 tries of an
-area fraction uniform in ``scale`` and an aspect ratio log-uniform in
-``ratio``, the box placed uniformly; after 10 misses, the centre crop
-clamped to ``ratio``. Every item draws the same 41 uniforms from its
-``rng`` (4 per try, then the flip), so its box does not depend on how it is
-decoded. The box is in full-resolution pixels.
+The functions a ``random_resized_crop`` step runs per item under a ``random_map``:
+:class:`ResizedCrop` crops decoded images, :class:`FusedDecodeCrop` decodes a
+sample with its image fields cropped as they are decoded (a JPEG at a reduced
+DCT scale or within its box: :mod:`nodes.media.jpeg_crop`), and
+:func:`capture_stream` with :class:`WithStream` make the same draws on a pool
+thread. Each item's box and flip are drawn by :mod:`nodes.media.crop_boxes`.
 
 The resize is torch's antialiased bilinear ``F.interpolate`` on uint8
 (measured on a 306x306 crop to 224: 0.33 ms against Pillow's 1.0 ms, one
 thread; the same pixels for CHW and channels-last inputs).
-
-Fused with decoding (:class:`FusedDecodeCrop`), a JPEG's size is read from
-its header, the box drawn, and the image decoded at the smallest DCT scale
-(:data:`nodes.media.jpeg.SCALES`) at which the box still spans ``size`` pixels on
-both sides. At full scale the pixels are the unfused path's exactly. At a
-reduced scale the box's edges fall between pixels, so Pillow's resize, which
-takes a fractional box, cuts it (:func:`resize_scaled_box`): the same part of
-the scene from a lower-resolution source, a mean difference of 2-4 (of 255)
-from the full-scale crop on noisy photos.
-
-With a region decoder (:class:`nodes.media.jpeg.RegionJpeg`), each JPEG is either
-decoded only within its box, at full scale (the unfused path's pixels
-exactly), or whole at the reduced scale, whichever does less work for that
-box (:func:`region_pays`). The choice depends on the image's size and the box
-alone, so a seeded crop gives the same pixels at any number of workers and
-after a resume.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from nodes.media.crop_boxes import CropParams, MixedSizesError, OneBox, draw_crop
 from nodes.media.decode import (
     IMAGE_EXTENSIONS,
     BadSample,
     ImageDecoder,
     SampleDecoder,
-    image_tensor,
 )
 from nodes.media.device_jpeg import EncodedCrop
-from nodes.media.image_resize import Box, crop_resize, resize
-from nodes.media.jpeg import PillowJpeg, RegionJpeg, SimpleJpeg, is_jpeg
-
-TRIES = 10
-DRAWS = 4 * TRIES + 1  # per item, whatever happens: 4 per try, then the flip
-
-
-@dataclass(frozen=True)
-class CropParams:
-    """What a random resized crop draws and makes: ``size x size`` outputs."""
-
-    size: int
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip: float = 0.5
-
-    def __post_init__(self) -> None:
-        if type(self.size) is not int or self.size < 1:
-            raise ValueError(f"random_resized_crop size must be a positive int, got {self.size!r}")
-        for name, (lo, hi), low in (("scale", self.scale, 0.0), ("ratio", self.ratio, 0.0)):
-            if not (low < lo <= hi) or not math.isfinite(hi):
-                raise ValueError(
-                    f"random_resized_crop {name} must be (low, high) with 0 < low <= high, "
-                    f"got {(lo, hi)!r}"
-                )
-        if not 0.0 <= self.flip <= 1.0:
-            raise ValueError(
-                f"random_resized_crop flip is a probability in [0, 1], got {self.flip}"
-            )
-
-
-def draw_crop(
-    rng: np.random.Generator, height: int, width: int, params: CropParams
-) -> tuple[Box, bool]:
-    """The box (full-resolution pixels) and the flip for an image ``height x width``."""
-    u = rng.random(DRAWS).tolist()
-    area = height * width
-    scale_lo, scale_hi = params.scale
-    log_lo, log_hi = math.log(params.ratio[0]), math.log(params.ratio[1])
-    for i in range(0, 4 * TRIES, 4):
-        target = area * (scale_lo + (scale_hi - scale_lo) * u[i])
-        aspect = math.exp(log_lo + (log_hi - log_lo) * u[i + 1])
-        w = round(math.sqrt(target * aspect))
-        h = round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(u[i + 2] * (height - h + 1))
-            left = int(u[i + 3] * (width - w + 1))
-            return (top, left, h, w), u[-1] < params.flip
-    return centre_box(height, width, params.ratio), u[-1] < params.flip
-
-
-def centre_box(height: int, width: int, ratio: tuple[float, float]) -> Box:
-    """torchvision's fallback: the whole image, clamped to the aspect ``ratio``, centred."""
-    aspect = width / height
-    if aspect < ratio[0]:
-        w, h = width, round(width / ratio[0])
-    elif aspect > ratio[1]:
-        h, w = height, round(height * ratio[1])
-    else:
-        h, w = height, width
-    return (height - h) // 2, (width - w) // 2, h, w
+from nodes.media.image_resize import Box, crop_resize
+from nodes.media.jpeg import is_jpeg
+from nodes.media.jpeg_crop import decode_jpeg_crop
 
 
 def check_image(value: Any, field: str | None) -> torch.Tensor:
@@ -158,33 +82,6 @@ class FieldChoice:
 
 def is_image_field(field: str) -> bool:
     return field.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS  # as decode() looks extensions up
-
-
-class MixedSizesError(ValueError):
-    """The image fields of one sample differ in size, so one box cannot crop them all."""
-
-
-class OneBox:
-    """A sample's box and flip: drawn at its first image, the same for its other images
-    (which must be that size: a mask crops with its image)."""
-
-    def __init__(self, rng: np.random.Generator, params: CropParams) -> None:
-        self.rng, self.params = rng, params
-        self.first: tuple[str, int, int] | None = None
-        self.drawn: tuple[Box, bool] = ((0, 0, 0, 0), False)
-
-    def __call__(self, field: str, height: int, width: int) -> tuple[Box, bool]:
-        first = self.first
-        if first is None:
-            self.first = (field, height, width)
-            self.drawn = draw_crop(self.rng, height, width, self.params)
-        elif first[1:] != (height, width):
-            raise MixedSizesError(
-                f"random_resized_crop crops every image field of a sample with one box, but "
-                f"field {field!r} is {height}x{width} and {first[0]!r} {first[1]}x{first[2]}; "
-                "crop fields of different sizes in separate steps (fields=...)"
-            )
-        return self.drawn
 
 
 class ResizedCrop:
@@ -290,98 +187,6 @@ class FusedDecodeCrop:
         return decode_jpeg_crop(jpeg, images.mode, data, box, size, flip, shape)
 
 
-def decode_jpeg_crop(
-    jpeg: PillowJpeg | SimpleJpeg | RegionJpeg,
-    mode: str | None,
-    data: bytes | bytearray | memoryview,
-    box: Box,
-    size: int,
-    flip: bool,
-    shape: tuple[int, int] | None = None,
-) -> torch.Tensor:
-    """One JPEG's ``box`` (full-resolution pixels) resized to ``size x size``, flipped:
-    decoded at the smallest DCT scale that keeps the box at least ``size`` pixels, or, with
-    a region decoder, only within the box when that does less work (:func:`region_pays`),
-    as the fused step does it (public so a benchmark can time exactly the library's work).
-    ``shape`` is the image's ``(height, width)`` when known (read from the header if not).
-
-    >>> import numpy as np, io
-    >>> from PIL import Image
-    >>> from nodes.media.jpeg import jpeg_backend
-    >>> out = io.BytesIO(); Image.fromarray(np.zeros((60, 80, 3), np.uint8)).save(out, "JPEG")
-    >>> box = (5, 10, 40, 50)  # top, left, height, width
-    >>> decode_jpeg_crop(jpeg_backend("auto"), "RGB", out.getvalue(), box, 16, True).shape
-    torch.Size([3, 16, 16])
-    """
-    top, left, h, w = box
-    eighths = box_scale(h, w, size, jpeg.scales)
-    if jpeg.region:
-        height, width = jpeg.size(data) if shape is None else shape
-        if region_pays(height, width, box, eighths):
-            array = jpeg.decode_region(data, mode, box)  # type: ignore[union-attr]
-            return resize(torch.from_numpy(array).permute(2, 0, 1), size, flip)
-    array, eighths = jpeg.decode(data, mode, eighths)
-    if eighths == 8:
-        return crop_resize(image_tensor(array, "hwc").permute(2, 0, 1), box, size, flip)
-    return resize_scaled_box(array, box, eighths / 8, size, flip)
-
-
-def region_pays(height: int, width: int, box: Box, eighths: int) -> bool:
-    """Whether decoding only ``box`` at full scale does less work than decoding the whole
-    ``height x width`` image at ``eighths``/8, in pixels touched: the entropy decoding runs
-    over every row down to the last one decoded either way; the region decode then
-    transforms the box's rows (full width: libjpeg-turbo skips few columns, measured) and
-    resizes the box, the scaled decode transforms the whole image and resizes the box, both
-    at the scale.
-
-    >>> region_pays(375, 500, (0, 0, 300, 300), 8)  # full scale anyway: the region is less
-    True
-    >>> region_pays(3000, 4000, (1000, 0, 2000, 2000), 1)  # 1/8 scale of a large photo
-    False
-    """
-    top, _, h, w = box
-    area = (eighths / 8) ** 2
-    region = (top + h) * width + h * width + h * w
-    scaled = height * width + area * (height * width + h * w)
-    return region <= scaled  # at full scale the region is never more
-
-
-def box_scale(height: int, width: int, size: int, scales: Sequence[int]) -> int:
-    """The smallest scale (eighths) at which a ``height x width`` box still spans ``size``
-    pixels on both sides; 8 when none smaller does."""
-    short = min(height, width)
-    return min((e for e in scales if short * e >= 8 * size), default=8)
-
-
-def resize_scaled_box(
-    array: np.ndarray, box: Box, scale: float, size: int, flip: bool
-) -> torch.Tensor:
-    """``box`` (full-resolution pixels) of an image decoded at ``scale``, resized.
-
-    Pillow's resize takes the scaled box with its fractional edges, so the
-    crop covers the same part of the scene as at full scale (rounding the
-    edges to whole pixels of the smaller image moved them by up to half a
-    reduced pixel: mean errors 2-4x larger, measured).
-    """
-    from PIL import Image
-
-    top, left, h, w = box
-    channels = array.shape[2]
-    if channels not in (1, 3):  # RGBA, CMYK: Pillow would resample them unlike torch
-        rows, cols = array.shape[:2]
-        y0, x0 = _scaled(top, scale, rows), _scaled(left, scale, cols)
-        y1, x1 = _scaled(top + h, scale, rows), _scaled(left + w, scale, cols)
-        crop = torch.from_numpy(array[y0 : max(y1, y0 + 1), x0 : max(x1, x0 + 1)])
-        return resize(crop.permute(2, 0, 1), size, flip)
-    image = Image.fromarray(array[:, :, 0] if channels == 1 else array)
-    edges = (left * scale, top * scale, (left + w) * scale, (top + h) * scale)
-    out = image.resize((size, size), Image.Resampling.BILINEAR, box=edges)
-    if flip:
-        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    pixels = np.array(out)
-    return image_tensor(pixels if pixels.ndim == 3 else pixels[:, :, None], "chw")
-
-
 class _LeaveFused(SampleDecoder):
     """A sample decoder that leaves the fields a :class:`FusedDecodeCrop` decodes as bytes."""
 
@@ -396,10 +201,6 @@ class _LeaveFused(SampleDecoder):
 
     def decoder_for(self, field: str) -> Any:
         return None if self.fused(field) is not None else super().decoder_for(field)
-
-
-def _scaled(edge: int, scale: float, limit: int) -> int:
-    return min(limit, math.floor(edge * scale + 0.5))
 
 
 def capture_stream(item: Any, rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:

@@ -20,8 +20,9 @@ from PIL import Image
 
 import datapipes as dp
 from nodes.errors import BadRecordError
-from nodes.media.crops import box_scale, crop_resize, decode_jpeg_crop, region_pays
+from nodes.media.image_resize import crop_resize
 from nodes.media.jpeg import RegionJpeg, SimpleJpeg, jpeg_backend
+from nodes.media.jpeg_crop import box_scale, decode_jpeg_crop, region_pays
 from nodes.testing import roundtrip_state
 from tests.file_fixtures import write_tar
 from tests.jpeg_fixtures import jpeg_bytes, natural_image

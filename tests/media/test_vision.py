@@ -19,14 +19,8 @@ import torch
 import datapipes as dp
 from nodes import Context
 from nodes.errors import BadRecordError
-from nodes.media.crops import (
-    DRAWS,
-    CropParams,
-    MixedSizesError,
-    ResizedCrop,
-    centre_box,
-    draw_crop,
-)
+from nodes.media.crop_boxes import DRAWS, CropParams, MixedSizesError, centre_box, draw_crop
+from nodes.media.crops import ResizedCrop
 from nodes.media.intra_op import one_thread, openmp_runtime
 from nodes.steps.random_map import RandomMapError
 from nodes.steps.transforms import MapNode
