@@ -1,8 +1,43 @@
-"""Shared test setup."""
+"""Shared test setup.
+
+``DATAPIPES_TEST_START_METHOD=spawn`` (or ``forkserver``) makes that Python's default start
+method for the whole run, standing in for macOS (``spawn``) and Python 3.14 on Linux
+(``forkserver``); tests that need ``fork`` are marked ``needs_fork`` and left out then.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+
 import pytest
+
+#: The start method the run forces as the default, or None to keep the platform's.
+FORCED_START_METHOD = os.environ.get("DATAPIPES_TEST_START_METHOD") or None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_fork: relies on fork being the default start method")
+    if FORCED_START_METHOD is not None:
+        if FORCED_START_METHOD not in multiprocessing.get_all_start_methods():
+            raise pytest.UsageError(
+                f"DATAPIPES_TEST_START_METHOD={FORCED_START_METHOD!r}: this Python offers "
+                f"{multiprocessing.get_all_start_methods()}"
+            )
+        multiprocessing.set_start_method(FORCED_START_METHOD, force=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if FORCED_START_METHOD in (None, "fork"):
+        return
+    skip = pytest.mark.skip(reason=f"needs fork; the run forces {FORCED_START_METHOD}")
+    for item in items:
+        if "needs_fork" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"default start method: {multiprocessing.get_start_method()}"
 
 
 @pytest.fixture(autouse=True)

@@ -294,20 +294,28 @@ def test_chained_resumes_through_dcp(tmp_path: Path):
     assert sorted(seen) == list(range(60))
 
 
+#: How the GLOBAL opcode of a protocol-2 pickle names PurePosixPath on this Python.
+HERE = f"c{PurePosixPath.__module__}\nPurePosixPath\n".encode()
+
+
+def metadata_naming(tmp_path: Path, named: bytes) -> Path:
+    """A ``.metadata`` whose one storage path names its class as ``named``."""
+    written = pickle.dumps({"path": PurePosixPath("shard/0.distcp")}, protocol=2)
+    assert HERE in written
+    (tmp_path / ".metadata").write_bytes(written.replace(HERE, named))
+    return tmp_path
+
+
 @pytest.mark.parametrize("module", ["pathlib", "pathlib._local"])
 def test_storage_paths_read_as_any_python_writes_them(tmp_path: Path, module: str):
     """Python 3.12 and older pickle ``pathlib.PosixPath``; 3.13 ``pathlib._local.PosixPath``."""
-    written = pickle.dumps({"path": PurePosixPath("shard/0.distcp")}, protocol=2)
-    assert b"cpathlib\nPurePosixPath\n" in written  # the GLOBAL opcode names module and class
-    (tmp_path / ".metadata").write_bytes(written.replace(b"cpathlib\n", f"c{module}\n".encode()))
-    assert read_dcp_metadata(tmp_path) == {"path": PurePosixPath("shard/0.distcp")}
+    folder = metadata_naming(tmp_path, f"c{module}\nPurePosixPath\n".encode())
+    assert read_dcp_metadata(folder) == {"path": PurePosixPath("shard/0.distcp")}
 
 
 @pytest.mark.parametrize(
     "named", [b"cpathlib._local\nPath\n", b"cos\nsystem\n", b"cpathlib\nPath.__new__\n"]
 )
 def test_a_metadata_pickle_naming_anything_else_is_refused(tmp_path: Path, named: bytes):
-    written = pickle.dumps({"path": PurePosixPath("x")}, protocol=2)
-    (tmp_path / ".metadata").write_bytes(written.replace(b"cpathlib\nPurePosixPath\n", named))
     with pytest.raises(CheckpointError, match="refusing to unpickle .* checkpoint's .metadata"):
-        read_dcp_metadata(tmp_path)
+        read_dcp_metadata(metadata_naming(tmp_path, named))
