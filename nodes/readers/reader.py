@@ -95,38 +95,46 @@ class FileReaderNode(Node):
                     cursor, index = piece["cursor"], piece["index"]
             source = self._files.source(unit.file)
             blocks = self._format.blocks(source, unit.part, unit.parts, cursor, self.errors)
-            read_any = cursor is not None  # a resume starts past the unit's start
-            while True:
-                skipped_before = self.errors.tally()
-                try:
-                    records, after = next(blocks)
-                except StopIteration:
-                    break
-                except (OSError, BadRecordError) as error:
-                    # Missing, unreadable, failing after retries, or corrupt compressed data:
-                    # the rest of this file cannot be read; raise, or count the loss and go on.
-                    self._lose(error, read_any)
-                    break
-                read_any = True
-                if index and index >= len(records):  # only a resumed first block has an index
-                    raise InvalidStateError(
-                        "index",
-                        f"an index below {len(records)} (the records of the block at "
-                        f"cursor {cursor} of {source.url})",
-                        index,
-                    )
-                if one:  # a record that was read but not delivered before a topology change
-                    it = iter(records[index : index + 1])
-                    self._at = _Place(u, cursor, 0, skipped_before, it, 1, None, first=index)
+            try:
+                read_any = cursor is not None  # a resume starts past the unit's start
+                while True:
+                    skipped_before = self.errors.tally()
+                    try:
+                        records, after = next(blocks)
+                    except StopIteration:
+                        break
+                    except (OSError, BadRecordError) as error:
+                        # Missing, unreadable, failing after retries, or corrupt compressed data:
+                        # the rest of this file cannot be read; raise, or count the loss and go on.
+                        self._lose(error, read_any)
+                        break
+                    read_any = True
+                    if index and index >= len(records):  # only a resumed first block has an index
+                        raise InvalidStateError(
+                            "index",
+                            f"an index below {len(records)} (the records of the block at "
+                            f"cursor {cursor} of {source.url})",
+                            index,
+                        )
+                    if one:  # a record that was read but not delivered before a topology change
+                        it = iter(records[index : index + 1])
+                        self._at = _Place(u, cursor, 0, skipped_before, it, 1, None, first=index)
+                        yield it
+                        break
+                    it = positioned_iterator(records, index)
+                    self._at = _Place(u, cursor, index, skipped_before, it, len(records), after)
+                    index = 0
                     yield it
-                    break
-                it = positioned_iterator(records, index)
-                self._at = _Place(u, cursor, index, skipped_before, it, len(records), after)
-                index = 0
-                yield it
-                cursor = after
-                if after is None:
-                    break
+                    cursor = after
+                    if after is None:
+                        break
+            finally:
+                # The format's open file closes now, when the reader closes or moves on, on
+                # every Python: not whenever the garbage collector reaches the generator
+                # (on 3.13 it held a stream's watchdog thread past close()).
+                close = getattr(blocks, "close", None)
+                if close is not None:
+                    close()
             # Past this unit: skips counted while finishing it must not be counted again.
             self._at = _Place(u + 1, None, 0, self.errors.tally())
             cursor, index = None, 0

@@ -1106,3 +1106,49 @@ def test_field_names_are_lower_cased_as_webdataset_does(tmp_path):
     assert [s["__key__"] for s in got] == ["Shard/E0", "Shard/E1"]
     assert same(got[0]["jpg"], torch.from_numpy(rgb)) and same(got[0]["seg.png"], got[0]["jpg"])
     assert got[1]["cls"] == 7 and got[1]["txt"] == "hi"
+
+
+class _KeptBlocks:
+    """A format of one record per line that keeps every blocks generator it makes, as a
+    traceback or a cache of the user's might: nothing but the reader can close them."""
+
+    name, splittable = "kept", False
+
+    def __init__(self) -> None:
+        self.made: list[Any] = []
+        self.open_files = 0
+
+    def bind(self, files: Any) -> None:
+        pass
+
+    def check_cursor(self, source: Any, cursor: Any, path: str) -> None:
+        pass
+
+    def blocks(self, source: SourceFile, part: int, parts: int, cursor: Any, errors: Any) -> Any:
+        made = self._blocks(source, cursor or 0)
+        self.made.append(made)
+        return made
+
+    def _blocks(self, source: SourceFile, start: int) -> Any:
+        with source.open(0) as file:
+            self.open_files += 1
+            try:
+                lines = file.read().decode().splitlines()
+                for at in range(start, len(lines)):
+                    yield [lines[at]], at + 1 if at + 1 < len(lines) else None
+            finally:
+                self.open_files -= 1
+
+
+def test_a_reader_closes_its_file_when_it_closes_not_when_the_gc_does(tmp_path: Path):
+    (tmp_path / "a.txt").write_text("".join(f"{i}\n" for i in range(6)))
+    fmt = _KeptBlocks()
+    node = FileReaderNode(FileSet(str(tmp_path / "a.txt"), {}), fmt, Context())  # type: ignore[arg-type]
+    node.reset(None)
+    assert [next(node), next(node)] == ["0", "1"]
+    assert fmt.open_files == 1
+    node.close()
+    assert fmt.open_files == 0, "the file stays open while anything else holds the generator"
+    node.reset(None)  # a new epoch reads from the start, with a file of its own
+    assert list(node) == [str(i) for i in range(6)] and fmt.open_files == 0
+    assert len(fmt.made) == 2
