@@ -18,7 +18,8 @@ from datapipes.checkpoint.reading import read_dcp_entries, read_dcp_metadata
 
 __all__ = ["load_dcp_states"]
 
-#: The keys that make a dict a Loader state (as :func:`datapipes.resume.graph.find_loader_states`).
+#: The keys that make a dict a Loader state (as
+#: :func:`datapipes.resume.graph_record.find_loader_states`).
 _LOADER_KEYS = ("version", "fingerprint", "ranks")
 
 
@@ -113,7 +114,7 @@ def _find_state(
     folder: Path, metadata: Any, paths: dict[str, tuple[Any, ...]], key: str | None
 ) -> dict[str, Any]:
     """The (not yet merged) Loader state at ``key``, or the checkpoint's only one."""
-    from datapipes.resume.graph import find_loader_states
+    from datapipes.resume.graph_record import find_loader_states
 
     name = repr(str(folder))
     places = _loader_places(paths)

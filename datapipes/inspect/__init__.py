@@ -99,7 +99,7 @@ from datapipes.inspect.recipe import check, check_recipe, load_recipe
 from datapipes.inspect.render import as_json, render
 from datapipes.pipe import DataPipe
 from datapipes.resume import JobState, RankEntry, job_state, merge_states
-from datapipes.resume.graph import (
+from datapipes.resume.graph_record import (
     decode_state,
     explain_difference,
     find_loader_states,

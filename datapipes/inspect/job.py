@@ -5,7 +5,7 @@ its job (it can resume on any topology) or some ranks only (it resumes on the
 saved topology). For a state that covers its job, :func:`elastic_report` says,
 with the recipe, how much of the interrupted epoch remains (per source: items
 of a positions source, records and file rests of a file source, counted by
-:mod:`datapipes.inspect.pieces`) and how it would be dealt to another
+:mod:`datapipes.inspect.counts`) and how it would be dealt to another
 topology; without the recipe, what the state itself tells (each rank's epoch,
 the ranks that finished it, the plans a rank holds after a resume on another
 topology, the units its consumers claimed under dynamic dispatch, from
@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from datapipes.inspect.counts import plans_summary, source_rows
 from datapipes.inspect.dispatch import dispatch_ranks, job_units
-from datapipes.inspect.pieces import plans_summary, source_rows
 from datapipes.inspect.tree import source_labels
 from datapipes.pipe import DataPipe
 from datapipes.resume import JobSetup, JobState, RankEntry, parse_state, remaining_work
@@ -103,7 +103,7 @@ def elastic_report(
     and status (mid-epoch, not started, finished the epoch) and the plans it
     holds. With ``pipe`` (the recipe; its fingerprint must be the state's) and
     a state that covers the job: ``remaining``, the interrupted epoch's
-    remaining work per source (:func:`datapipes.inspect.pieces.summarize`);
+    remaining work per source (:func:`datapipes.inspect.counts.summarize`);
     with ``world_size`` or ``num_workers``, ``deal``: what each consumer of
     that topology would get.
     ``problem`` says why something asked for cannot be told (a refusal of an

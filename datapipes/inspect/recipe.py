@@ -37,7 +37,7 @@ from datapipes.inspect.tree import RecipeGraph, recipe_graph, saved_graph
 from datapipes.loader.loader import Loader
 from datapipes.pipe import DataPipe
 from datapipes.resume import JobState
-from datapipes.resume.graph import explain_difference
+from datapipes.resume.graph_record import explain_difference
 from nodes import FileListNode, FileReaderNode, Node
 from nodes.adapters import torchdata
 from nodes.dispatch import DispatchedSourceNode

@@ -13,14 +13,14 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
+from datapipes.inspect.counts import plans_summary
 from datapipes.inspect.dispatch import record_summary
 from datapipes.inspect.job import Shown, ranks_text
-from datapipes.inspect.pieces import plans_summary
 from datapipes.inspect.position import Writer, scalar
 from datapipes.inspect.tree import RecipeGraph, recipe_graph, saved_graph
 from datapipes.pipe import DataPipe
 from datapipes.resume import JobState, Plans
-from datapipes.resume.graph import decode_state
+from datapipes.resume.graph_record import decode_state
 from datapipes.resume.parse import STATE_VERSION
 
 

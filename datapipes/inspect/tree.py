@@ -1,7 +1,7 @@
 """The node tree of a saved position: every level of a rank's node state, with what took it.
 
 A Loader state records the shape of each rank's built graph
-(:func:`datapipes.resume.graph.graph_record`): per node its kind, the recipe step
+(:func:`datapipes.resume.graph_record.graph_record`): per node its kind, the recipe step
 that built it, its inputs, and the graph the worker processes run. The levels
 of a node state follow that record, and each node type says where its inputs'
 states sit (:meth:`nodes.Node.upstream_states`); nothing is told by a state's keys.
@@ -28,7 +28,7 @@ from datapipes.pipe import DataPipe
 from datapipes.placement import rebuild_on, split_main_steps, worker_part
 from datapipes.resume import JobSetup, JobState
 from datapipes.resume.claims import ReplayDispatch, whole_epoch
-from datapipes.resume.graph import graph_record, upstream_states
+from datapipes.resume.graph_record import graph_record, upstream_states
 from nodes import Context, Node
 from nodes.consumer_work import ConsumerWork
 from nodes.dispatch import Dispatcher, DispatchSpec

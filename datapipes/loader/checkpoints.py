@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from datapipes.resume import JobSetup, ResumePlan, parse_state, rank_state, resume_plan
-from datapipes.resume.graph import GraphRecord, node_path
+from datapipes.resume.graph_record import GraphRecord, node_path
 from datapipes.resume.merge import check_recipe
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from datapipes.loader.progress import ProgressBar, progress_bar_class
-from datapipes.resume.graph import node_path
+from datapipes.resume.graph_record import node_path
 from nodes import Node
 from nodes.errors import InvalidStateError
 from nodes.exit_close import close_at_exit

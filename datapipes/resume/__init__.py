@@ -6,7 +6,7 @@
 - :mod:`~datapipes.resume.schema` and :mod:`~datapipes.resume.parse`: a raw
   state checked (shapes, then fields against each other) and parsed, once;
 - :mod:`~datapipes.resume.records`: states written out (the layout is there);
-- :mod:`~datapipes.resume.graph`: the graph record a state carries, and raw
+- :mod:`~datapipes.resume.graph_record`: the graph record a state carries, and raw
   states read for display;
 - :mod:`~datapipes.resume.merge`: ranks' states merged into one, a state
   checked against the recipe;

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from datapipes.resume.graph import explain_difference
+from datapipes.resume.graph_record import explain_difference
 from datapipes.resume.model import JobState, RankEntry, Remaining
 from datapipes.resume.parse import parse_state
 from datapipes.resume.records import job_state

@@ -106,7 +106,7 @@ def check_version(raw: Any) -> None:
             "exactly; restart the epoch (set_epoch) or resume with the version that saved it"
         )
     elif isinstance(raw, dict) and version is None:
-        from datapipes.resume.graph import find_loader_states, top_level
+        from datapipes.resume.graph_record import find_loader_states, top_level
 
         inner = find_loader_states(raw)
         if inner:  # a whole training checkpoint: say which entry is the Loader's

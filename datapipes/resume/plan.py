@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from datapipes.resume.claims import check_work_bounds
-from datapipes.resume.graph import node_path
+from datapipes.resume.graph_record import node_path
 from datapipes.resume.model import JobSetup, JobState
 from datapipes.resume.remaining import remaining_work, resume_epoch
 from datapipes.resume.schema import rank_path

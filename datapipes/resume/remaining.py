@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from datapipes.placement import rebuild_on, worker_part
 from datapipes.resume.claims import ReplayDispatch, check_work_bounds, whole_epoch
-from datapipes.resume.graph import node_path
+from datapipes.resume.graph_record import node_path
 from datapipes.resume.model import JobSetup, JobState, RankEntry
 from datapipes.resume.schema import rank_path
 from nodes import UPSTREAM, Context, Node

@@ -12,7 +12,7 @@ import pytest
 import datapipes as dp
 from datapipes.inspect import describe_checkpoint
 from datapipes.inspect.tree import RecipeGraph
-from datapipes.resume import graph as checkpoint  # the graph record and raw readers
+from datapipes.resume import graph_record as checkpoint  # the graph record and raw readers
 from datapipes.resume.parse import STATE_VERSION
 from nodes import UPSTREAM, ConcatNode, MapNode, Node, ZipNode
 

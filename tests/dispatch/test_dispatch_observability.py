@@ -24,7 +24,7 @@ from helpers import dynamic_ranks, file_store
 import datapipes as dp
 from datapipes.inspect import load_recipe, main
 from datapipes.resume.claims import epoch_work
-from datapipes.resume.graph import decode_state
+from datapipes.resume.graph_record import decode_state
 from nodes import Context
 from nodes.dispatch import Dispatcher, DispatchSpec, units_of
 from nodes.observe.stats import graph_stats
