@@ -148,3 +148,16 @@ def test_no_test_folder_shadows_a_project_package() -> None:
     assert {"datapipes", "nodes"} <= tops
     clashes = sorted(folder.name for folder in (ROOT / "tests").iterdir() if folder.name in tops)
     assert not clashes, f"tests/ folders named like project packages: {clashes}; rename them"
+
+
+@pytest.mark.parametrize("top", ["datapipes", "nodes"])
+def test_no_two_modules_of_one_layer_share_a_name(top: str) -> None:
+    """A name shared by ``datapipes/`` and ``nodes/`` is one concern's recipe and runtime
+    (``steps/combine.py`` and ``nodes/steps/combine.py``); inside one layer it is two jobs."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted((ROOT / top).rglob("*.py")):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert len(by_name) > 20
+    assert not shared, f"modules of {top}/ that share a name: {shared}"
