@@ -15,6 +15,21 @@ from typing import Any, Protocol
 ON_ERROR_CHOICES = ("raise", "skip")
 
 
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``, on Python 3.10 too: there the note goes in ``__notes__``
+    as 3.11 keeps it (3.10's tracebacks do not print it; ``__notes__`` has it).
+
+    >>> error = ValueError("bad")
+    >>> add_note(error, "while reading a.jsonl")
+    >>> error.__notes__
+    ['while reading a.jsonl']
+    """
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", ()), note]  # type: ignore[attr-defined]
+
+
 class BadRecordError(ValueError):
     """A record could not be read or decoded.
 

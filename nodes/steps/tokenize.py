@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from nodes.base import UPSTREAM, Node, NotReset, State
-from nodes.errors import InvalidStateError
+from nodes.errors import InvalidStateError, add_note
 from nodes.origins import OriginReader, reads_ahead
 from nodes.state_checks import at, expect_int, expect_keys
 
@@ -121,9 +121,10 @@ class TokenizeNode(Node):
             ids = self._encode(texts)
         except Exception as error:
             first = next((t for t in texts if t), "")
-            error.add_note(
+            add_note(
+                error,
                 f"raised by the tokenizer of tokenize(field={self._field!r}) on a block of "
-                f"{len(texts)} texts, the first non-empty one starting {first[:60]!r}"
+                f"{len(texts)} texts, the first non-empty one starting {first[:60]!r}",
             )
             raise
         if len(ids) != len(texts):

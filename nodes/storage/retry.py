@@ -3,6 +3,8 @@ long and how often a failing read is retried, and the error raised when it fails
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import errno
 import io
 import math
@@ -50,6 +52,11 @@ _TRANSIENT_ERRNOS = frozenset(
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
+#: A timeout, whoever raised it: on Python 3.10 asyncio's (fsspec's ``FSTimeoutError``, an
+#: aiohttp read timeout) and concurrent.futures' are not the builtin ``TimeoutError``.
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether a read error may go away on retry (network trouble, 5xx, timeouts).
 
@@ -69,7 +76,7 @@ def is_transient(error: BaseException) -> bool:
         return status >= 500 or status in (408, 429)
     if isinstance(error, OSError) and error.errno is not None:
         return error.errno in _TRANSIENT_ERRNOS
-    if isinstance(error, OSError | TimeoutError | ConnectionError):
+    if isinstance(error, (OSError, ConnectionError, *_TIMEOUTS)):
         return True
     return fsspec_http.is_http_client_error(error) or fsspec_s3.is_network_error(error)
 

@@ -7,6 +7,8 @@ is opened. (tests/readers/test_readers.py runs the same classes against real ser
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import errno
 import io
 import itertools
@@ -15,6 +17,7 @@ import threading
 import time
 
 import aiohttp
+import fsspec.exceptions
 import pytest
 import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -558,6 +561,10 @@ def _wrapped(cause: BaseException) -> FileNotFoundError:
         (_wrapped(_http_error(500)), True),
         (_wrapped(_http_error(404)), False),
         (_wrapped(ConnectionResetError()), True),
+        # not the builtin TimeoutError on Python 3.10
+        (asyncio.TimeoutError(), True),
+        (fsspec.exceptions.FSTimeoutError(), True),
+        (concurrent.futures.TimeoutError(), True),
     ],
 )
 def test_is_transient(error, transient):
