@@ -3,10 +3,12 @@
 Worker processes started with ``spawn`` (the default on macOS and Windows) or
 ``forkserver`` (Linux's default from Python 3.14) receive what they run pickled.
 The standard pickle names functions by module and qualified name, so a lambda, a
-local function or a closure cannot go; cloudpickle sends those by value (their
-code and what they close over) and everything importable by name, as the
-standard pickle does. What cannot travel at all (an open file, a lock, a
-generator) is refused naming the step that holds it.
+local function or a closure cannot go; a recipe the standard pickle takes goes as
+it always did (a function of the script's ``__main__`` by name, which the workers
+import again), and only one it refuses goes through cloudpickle, which sends those
+functions by value (their code and what they close over) and everything importable
+by name. What cannot travel at all (an open file, a lock, a generator) is refused
+naming the step that holds it.
 
 >>> import pickle, datapipes as dp
 >>> scale = 3
@@ -43,6 +45,10 @@ class ByValue:
 def pickled(pipe: DataPipe[Any], method: str | None = None) -> bytes:
     """``pipe`` as bytes any process with the same packages can load; ``TypeError`` naming
     the step that holds what cannot travel (``method``: how that process starts, if known)."""
+    try:
+        return pickle.dumps(pipe)
+    except Exception:  # noqa: BLE001 - a lambda or a closure: cloudpickle takes those
+        pass
     try:
         return cloudpickle.dumps(pipe)
     except Exception as error:  # noqa: BLE001 - whatever the pickler raises, named below

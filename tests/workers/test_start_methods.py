@@ -96,3 +96,31 @@ def test_a_script_without_a_main_guard_is_told_what_to_add(tmp_path: Path):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("nodes.workers.dataloader.WorkerDiedError"), done.stderr[-2000:]
     assert "run the Loader under `if __name__ == '__main__':`" in last
+
+
+@pytest.mark.slow
+def test_a_script_function_over_a_global_lock_still_goes_by_name(tmp_path: Path):
+    """What the standard pickle takes goes as it always did: a function of the script by
+    name (the workers import the script again), not by value with its unpicklable globals."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import threading\n"
+        "import datapipes as dp\n"
+        "LOCK = threading.Lock()\n"
+        "def double(x):\n"
+        "    with LOCK:\n"
+        "        return 2 * x\n"
+        "if __name__ == '__main__':\n"
+        "    pipe = dp.range(6).map(double)\n"
+        "    loader = dp.Loader(pipe, num_workers=2, multiprocessing_context='spawn')\n"
+        "    print(sorted(loader))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str([0, 2, 4, 6, 8, 10])
