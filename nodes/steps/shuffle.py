@@ -217,8 +217,19 @@ class BufferShuffleNode(Node):
         return {
             UPSTREAM: anchor_state,
             "anchor_seq": anchor_seq,
-            "seq": self._counter.__reduce__()[1][0],
+            "seq": _next_of(self._counter),
             "slots": list(self._slots),
             "draws": self._draws.position(),
             "exhausted": self._exhausted,
         }
+
+
+def _next_of(counter: count[int]) -> int:
+    """The value ``next(counter)`` would return, without drawing it: from its repr,
+    ``count(7)``, which every Python keeps (``__reduce__`` of itertools objects warns
+    from 3.12 and is gone in 3.14).
+
+    >>> c = count(5); _ = next(c); _next_of(c)
+    6
+    """
+    return int(repr(counter)[len("count(") : -1])
