@@ -124,3 +124,18 @@ def test_a_script_function_over_a_global_lock_still_goes_by_name(tmp_path: Path)
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == str([0, 2, 4, 6, 8, 10])
+
+
+@pytest.mark.skipif(
+    not os.environ.get("DATAPIPES_TEST_START_METHOD"), reason="no start method forced"
+)
+def test_a_forced_start_method_is_what_the_workers_use():
+    """DATAPIPES_TEST_START_METHOD (tests/conftest.py) reaches this process, and the Loader's
+    workers (no multiprocessing_context given) start that way."""
+    from nodes.workers.dataloader import start_method
+
+    forced = os.environ["DATAPIPES_TEST_START_METHOD"]
+    assert start_method(None) == forced
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=f"started with '{forced}'"):
+        dp.Loader(dp.range(2).map(lambda x, held=lock: x), num_workers=1)
