@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from nodes.credentials import scrub_error, scrubbed
+
 ON_ERROR_CHOICES = ("raise", "skip")
 
 
@@ -130,6 +132,7 @@ class ErrorPolicy:
 
     def handle(self, error: Exception) -> None:
         """Raise ``error`` (a bad record), or count it and warn about the first skip."""
+        scrub_error(error)
         if not self.skip:
             raise error
         self._skipped(error, "a bad record")
@@ -150,6 +153,7 @@ class ErrorPolicy:
         file, range, records and bytes in :meth:`losses`. ``what`` names a
         range that is not the rest of the file (a damaged range read past).
         """
+        scrub_error(error)
         if not self.skip:
             raise error
         self.files += whole_file
@@ -164,10 +168,10 @@ class ErrorPolicy:
     def _skipped(self, error: Exception, what: str) -> None:
         self.count += 1
         if len(self.examples) < self.MAX_EXAMPLES:
-            self.examples.append(str(error))
+            self.examples.append(scrubbed(str(error)))
         if self.count == 1:
             warnings.warn(
-                f"{self.step}: skipping {what} ({error}); further skips are counted "
+                f"{self.step}: skipping {what} ({scrubbed(str(error))}); further skips are counted "
                 "silently, see Loader.skipped() and Loader.losses()",
                 BadRecordWarning,
                 stacklevel=3,

@@ -14,6 +14,7 @@ from typing import Any
 
 from datapipes.inspect.tree import Level, RecipeGraph
 from nodes.adapters import torchdata
+from nodes.credentials import shown_url
 
 #: Lists of scalars longer than this are summarised ("16 positions"), never printed.
 _LIST_INLINE = 6
@@ -161,5 +162,5 @@ def _note(level: Level, graph: RecipeGraph) -> str:
             return "; this consumer's files are done"
         url = graph.url(level, state["file"])
         if url is not None:
-            return f"; file {state['file']} is {url}"
+            return f"; file {state['file']} is {shown_url(url)}"
     return ""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from datapipes.loader.progress import ProgressBar, progress_bar_class
 from datapipes.resume.graph_record import node_path
 from nodes import Node
+from nodes.credentials import scrub_error
 from nodes.errors import InvalidStateError
 from nodes.exit_close import close_at_exit
 
@@ -73,7 +74,11 @@ class EpochRuns:
         self._stats.new_epoch(root)
         try:
             root.reset(run.resume_from)
-        except StopIteration as error:  # a resume replaying past the data (never raw)
+        except BaseException as error:
+            scrub_error(error)  # an unreadable listing or file names its URL, not a password
+            if not isinstance(error, StopIteration):
+                raise
+            # a resume replaying past the data (never raw)
             raise InvalidStateError(
                 node_path(topology.rank),
                 "a position within the epoch's data",
@@ -109,6 +114,9 @@ class EpochRuns:
         except GeneratorExit:
             if self._cursor.is_current(run):  # abandoned mid-epoch: free threads and files now
                 root.close()
+            raise
+        except BaseException as error:
+            scrub_error(error)  # what reaches the user names no URL's password or signature
             raise
         finally:
             if self._cursor.is_current(run):  # not an abandoned iterator of an earlier epoch

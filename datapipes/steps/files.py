@@ -10,6 +10,7 @@ from datapipes.describe import describe
 from datapipes.identity import plain
 from datapipes.pipe import DataPipe
 from nodes import Context, Node
+from nodes.credentials import remember, remember_secret, shown_url
 from nodes.errors import check_on_error
 from nodes.readers import (
     BytesFormat,
@@ -24,7 +25,7 @@ from nodes.readers import (
 )
 from nodes.readers.lines import RECORD_BLOCK_SIZE
 from nodes.sources.files import DEFAULT_BLOCK_SIZE, FileListNode, FileSet
-from nodes.storage import as_patterns, listing_digest, url_path
+from nodes.storage import as_patterns, listing_digest
 from nodes.storage.retry import DEFAULT_RETRY_SECONDS, DEFAULT_TIMEOUT, RetryPolicy
 
 _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "auth")
@@ -32,21 +33,16 @@ _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "auth")
 
 def _masked(options: dict[str, Any]) -> dict[str, Any]:
     """Storage options for ``repr``: credentials are never printed or fingerprinted, nested
-    ones included (s3fs takes ``client_kwargs={"aws_secret_access_key": ...}`` too)."""
-    return {
-        name: "***"
-        if any(word in str(name).lower() for word in _SECRET_WORDS)
-        else _masked(value)
-        if isinstance(value, dict)
-        else value
-        for name, value in options.items()
-    }
-
-
-def _without_query(url: str) -> str:
-    """A URL for ``repr``: an HTTP query string (a signature, a token) is masked."""
-    path = url_path(url)
-    return path if path == url else path + "?***"
+    ones included (s3fs takes ``client_kwargs={"aws_secret_access_key": ...}`` too), and
+    their values are taken out of every error and warning (:mod:`nodes.credentials`)."""
+    masked: dict[str, Any] = {}
+    for name, value in options.items():
+        if any(word in str(name).lower() for word in _SECRET_WORDS):
+            remember_secret(value)
+            masked[name] = "***"
+        else:
+            masked[name] = _masked(value) if isinstance(value, dict) else value
+    return masked
 
 
 class FileList(DataPipe[str]):
@@ -206,6 +202,8 @@ class Files(FileList):
         retry_seconds: float = DEFAULT_RETRY_SECONDS,
     ) -> None:
         patterns = as_patterns(urls)  # validates now, lists nothing
+        for pattern in patterns:
+            remember(pattern)  # their credentials are taken out of every error and warning
         urls = patterns[0] if isinstance(urls, str | os.PathLike) else tuple(patterns)
         # Validates all three, naming the one that is wrong.
         policy = RetryPolicy(retries=retries, retry_seconds=retry_seconds, timeout=timeout)
@@ -230,9 +228,9 @@ class Files(FileList):
         if not isinstance(urls, str) and len(urls) > 8:
             shown = f"<{len(urls)} urls {listing_digest(urls)}>"
         elif isinstance(urls, str):
-            shown = repr(_without_query(urls))
+            shown = repr(shown_url(urls))
         else:
-            shown = repr([_without_query(url) for url in urls])
+            shown = repr([shown_url(url) for url in urls])
         return ", ".join([shown] + [f"{k}={describe(v)}" for k, v in self.kwargs.items()])
 
     def identity_params(self, names: bool) -> tuple[list[Any], dict[str, Any]]:
@@ -240,11 +238,11 @@ class Files(FileList):
         # the storage options are masked already.
         urls = self.args[0]
         if isinstance(urls, str):
-            shown: Any = _without_query(urls)
+            shown: Any = shown_url(urls)
         elif len(urls) > 8:
-            shown = {"urls": len(urls), "digest": listing_digest([_without_query(u) for u in urls])}
+            shown = {"urls": len(urls), "digest": listing_digest([shown_url(u) for u in urls])}
         else:
-            shown = [_without_query(url) for url in urls]
+            shown = [shown_url(url) for url in urls]
         return [shown], {key: plain(value, names) for key, value in self.kwargs.items()}
 
     def file_set(

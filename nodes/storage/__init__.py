@@ -21,7 +21,7 @@ Each module has one job:
 - :mod:`~nodes.storage.fsspec_s3`: how s3fs and botocore report failures (the HTTP status
   behind an s3fs ``OSError``, botocore's network errors), for ``is_transient``.
 
-May import: nodes.errors.
+May import: nodes.errors, nodes.credentials.
 """
 
 from nodes.storage.compression import Decompressed, ZstdReader, decompressing

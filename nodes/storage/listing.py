@@ -11,6 +11,7 @@ from typing import Any
 
 import fsspec
 
+from nodes.credentials import remember, shown_url
 from nodes.storage import fsspec_http
 from nodes.storage.retry import RetryPolicy, as_policy, with_retries
 from nodes.storage.watchdog import watchdog_for
@@ -74,6 +75,8 @@ def list_files(
     nothing are an error naming the pattern. A listing is retried and timed
     out as reads are (``retries``: a :class:`~nodes.storage.retry.RetryPolicy` or a count).
     """
+    for pattern in [urls] if isinstance(urls, str) else urls:
+        remember(pattern)
     policy = as_policy(retries)
     found: set[str] = set()
     for pattern in as_patterns(urls):
@@ -112,5 +115,7 @@ def _as_url(fs: Any, pattern: str, path: str) -> str:
 
 def listing_digest(urls: Sequence[str]) -> str:
     """A short digest of a listing, kept in states to notice that the files changed."""
-    # Query strings (signatures of pre-signed URLs) change when URLs are re-signed.
-    return hashlib.sha256("\n".join(map(url_path, urls)).encode()).hexdigest()[:16]
+    # Query strings (signatures of pre-signed URLs) change when URLs are re-signed, and a
+    # password when it is rotated: neither makes it another file.
+    shown = (shown_url(url_path(url)) for url in urls)
+    return hashlib.sha256("\n".join(shown).encode()).hexdigest()[:16]

@@ -7,6 +7,7 @@ from typing import Any
 import fsspec
 from fsspec.utils import infer_compression
 
+from nodes.credentials import remember
 from nodes.storage import fsspec_http
 from nodes.storage.compression import decompressing
 from nodes.storage.listing import url_path
@@ -32,6 +33,7 @@ class SourceFile:
         block_size: int,
     ) -> None:
         self.url = url
+        remember(url)  # in every process that opens it: its errors are scrubbed there
         self.compression = infer_compression(url_path(url))
         self._retries = as_policy(retries)
         self._options = fsspec_http.with_read_timeout(url, storage_options, self._retries.timeout)

@@ -9,5 +9,5 @@
   :mod:`~nodes.workers.parent_watch`: workers that stop when the parent dies.
 
 May import: nodes.base, nodes.errors, nodes.origins, nodes.rng, nodes.state_checks,
-nodes.tensor_tree, nodes.exit_close, nodes.steps, nodes.adapters.
+nodes.tensor_tree, nodes.exit_close, nodes.credentials, nodes.steps, nodes.adapters.
 """

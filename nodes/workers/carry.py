@@ -21,6 +21,8 @@ import re
 import traceback
 from typing import Any
 
+from nodes.credentials import scrub_error, scrubbed
+
 #: Marks the carried exception inside the message torch sends.
 _START, _END = "<<datapipes worker exception ", ">>"
 _CARRIED = re.compile(re.escape(_START) + r"([A-Za-z0-9+/=]+)" + re.escape(_END))
@@ -53,11 +55,15 @@ class RaisedInWorker(Exception):
 
 
 def carry(error: BaseException, worker_id: int) -> RaisedInWorker:
-    """The exception a worker raises so that the main process gets ``error`` itself."""
+    """The exception a worker raises so that the main process gets ``error`` itself
+    (without the credentials of any URL this worker opened: see :mod:`nodes.credentials`)."""
+    scrub_error(error)
     parts: dict[str, Any] = {
         "worker": worker_id,
         "name": type(error).__name__,
-        "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+        "traceback": scrubbed(
+            "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        ),
         "pickled": _dumps_if_it_loads(error),
         "type": _dumps_if_it_loads(type(error)),
         "args": _dumps_if_it_loads(error.args),

@@ -124,7 +124,9 @@ def test_the_node_contract_imports_only_the_floor_below_it() -> None:
     floor_below = {"nodes.errors", "nodes.origins", "nodes.consumer_work", "nodes.rounds"}
     assert _imports_of_nodes(NODES / "base.py") <= floor_below
     assert _imports_of_nodes(NODES / "context.py") <= floor_below
-    for floor in ("errors.py", "origins.py", "iterators.py", "rounds.py"):
+    for floor in ("credentials.py", "origins.py", "iterators.py", "rounds.py"):
         assert _imports_of_nodes(NODES / floor) == set(), floor
+    # an error's text is scrubbed of credentials (nodes.credentials) before it is raised or warned
+    assert _imports_of_nodes(NODES / "errors.py") <= {"nodes.credentials"}
     # the work a consumer reads names rounds of a repeat's sources (pure functions of names)
     assert _imports_of_nodes(NODES / "consumer_work.py") <= {"nodes.rounds"}

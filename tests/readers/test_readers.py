@@ -266,7 +266,7 @@ def test_signed_http_urls_keep_their_query_out_of_globs_names_and_fingerprints(r
     url = served.url("signed.jsonl.gz") + "?X-Amz-Signature=abc123&X-Amz-Expires=60"
     pipe = dp.files(url).read_jsonl()
     assert run(pipe) == expected  # read, and decompressed by the path's extension
-    assert "abc123" not in repr(pipe) and "?***" in repr(pipe)
+    assert "abc123" not in repr(pipe) and "X-Amz-Signature=***&X-Amz-Expires=***" in repr(pipe)
     resigned = dp.files(url.replace("abc123", "def456")).read_jsonl()
     assert resigned.fingerprint() == pipe.fingerprint()
     loader = dp.Loader(pipe)
