@@ -17,6 +17,14 @@ from nodes.credentials import scrub_error, scrubbed
 ON_ERROR_CHOICES = ("raise", "skip")
 
 
+#: The longest record a reader assembles or a decoder expands (its bytes after
+#: decompression), unless the read step says otherwise (``max_record_bytes``): a record
+#: past it is a ``BadRecordError`` (under ``on_error="skip"``: skipped and counted) before
+#: it is held whole. Real data never has a 256 MiB line; a 600 KB gzip file can hold one
+#: of 600 MB.
+MAX_RECORD_BYTES = 256 << 20
+
+
 def add_note(error: BaseException, note: str) -> None:
     """``error.add_note(note)``, on Python 3.10 too: there the note goes in ``__notes__``
     as 3.11 keeps it (3.10's tracebacks do not print it; ``__notes__`` has it).

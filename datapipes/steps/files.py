@@ -23,7 +23,7 @@ from nodes.readers import (
     RecordFormat,
     TarFormat,
 )
-from nodes.readers.lines import RECORD_BLOCK_SIZE
+from nodes.readers.lines import MAX_RECORD_BYTES, RECORD_BLOCK_SIZE
 from nodes.sources.files import DEFAULT_BLOCK_SIZE, FileListNode, FileSet
 from nodes.storage import as_patterns, listing_digest
 from nodes.storage.retry import DEFAULT_RETRY_SECONDS, DEFAULT_TIMEOUT, RetryPolicy
@@ -66,6 +66,8 @@ class FileList(DataPipe[str]):
         return FileListNode(self.file_set(ctx), ctx)
 
     def _read(self, fmt: type[RecordFormat], on_error: str, **options: Any) -> DataPipe[Any]:
+        if options.get("max_record_bytes", MAX_RECORD_BYTES) == MAX_RECORD_BYTES:
+            options.pop("max_record_bytes", None)  # the default: recipes and states as before
         return Read(self, fmt, on_error=on_error, **options)
 
     def shuffle(self, buffer_size: int | None = None, *, seed: int | None = None) -> DataPipe[Any]:
@@ -93,20 +95,37 @@ class FileList(DataPipe[str]):
         encoding: str = "utf-8",
         on_error: str = "raise",
         block_size: int = RECORD_BLOCK_SIZE,
+        max_record_bytes: int | None = MAX_RECORD_BYTES,
     ) -> DataPipe[str]:
-        """One ``str`` per line, without its line ending."""
-        return self._read(LineFormat, on_error, encoding=encoding, block_size=block_size)
+        """One ``str`` per line, without its line ending.
+
+        ``max_record_bytes``: the longest line (after decompression) read; a longer one is
+        a ``BadRecordError`` naming the file and offset before it is held whole (under
+        ``on_error="skip"``: skipped, counted, and reading goes on at the next line).
+        ``None``: no limit. The same holds for ``read_jsonl`` and ``read_csv``.
+        """
+        return self._read(
+            LineFormat, on_error, encoding=encoding, block_size=block_size,
+            max_record_bytes=max_record_bytes,
+        )  # fmt: skip
 
     def read_jsonl(
-        self, *, on_error: str = "raise", block_size: int = RECORD_BLOCK_SIZE
+        self,
+        *,
+        on_error: str = "raise",
+        block_size: int = RECORD_BLOCK_SIZE,
+        max_record_bytes: int | None = MAX_RECORD_BYTES,
     ) -> DataPipe[Any]:
         """One JSON value per line (blank lines are ignored).
 
         Lines are decoded a block (about ``block_size`` bytes) at a time; a
         malformed line raises an error naming the file, the line and its byte
-        offset, after the good lines before it have been returned.
+        offset, after the good lines before it have been returned. A line over
+        ``max_record_bytes`` is a bad record too (see :meth:`read_lines`).
         """
-        return self._read(JsonLinesFormat, on_error, block_size=block_size)
+        return self._read(
+            JsonLinesFormat, on_error, block_size=block_size, max_record_bytes=max_record_bytes
+        )
 
     def read_csv(
         self,
@@ -114,6 +133,7 @@ class FileList(DataPipe[str]):
         encoding: str = "utf-8",
         on_error: str = "raise",
         block_size: int = RECORD_BLOCK_SIZE,
+        max_record_bytes: int | None = MAX_RECORD_BYTES,
         **fmtparams: Any,
     ) -> DataPipe[dict[str, str]]:
         """One ``dict`` per row keyed by the header row (``fmtparams`` go to :mod:`csv`).
@@ -122,8 +142,9 @@ class FileList(DataPipe[str]):
         among several consumers needs rows without quoted line breaks.
         """
         return self._read(
-            CsvFormat, on_error, encoding=encoding, block_size=block_size, **fmtparams
-        )
+            CsvFormat, on_error, encoding=encoding, block_size=block_size,
+            max_record_bytes=max_record_bytes, **fmtparams,
+        )  # fmt: skip
 
     def read_npy(self, *, rows: bool = True, on_error: str = "raise") -> DataPipe[Any]:
         """Rows of ``.npy`` arrays (``.npz``: a dict of member rows); ``rows=False``: whole files.

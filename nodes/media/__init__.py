@@ -1,6 +1,7 @@
 """Images and audio: decoding, JPEG on CPU and GPU, crops, resizing.
 
-- :mod:`~nodes.media.decode`: bytes to arrays by file type; :mod:`~nodes.media.jpeg`,
+- :mod:`~nodes.media.decode`: bytes to arrays by file type (a ``*.gz`` field through
+  :mod:`~nodes.media.gzipped`, never past the record limit); :mod:`~nodes.media.jpeg`,
   :mod:`~nodes.media.device_jpeg`: JPEG on the CPU and on the GPU;
 - :mod:`~nodes.media.crops`: random resized crops, alone or fused with decoding; their
   boxes, :mod:`~nodes.media.crop_boxes`; a JPEG's crop at a reduced scale or within its

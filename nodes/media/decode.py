@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 from collections.abc import Callable, Iterator, Mapping
@@ -16,6 +15,7 @@ import torch
 from nodes.base import UPSTREAM, Node, NotReset, State
 from nodes.errors import BadRecordError, ErrorPolicy
 from nodes.media.audio import AUDIO_EXTENSIONS, decode_audio
+from nodes.media.gzipped import Gunzipped
 from nodes.media.intra_op import one_thread
 from nodes.media.jpeg import (
     PILLOW_SCALES,
@@ -226,7 +226,7 @@ class SampleDecoder:
             found = self.decoders.get(field, self.decoders.get(field.rsplit(".", 1)[-1]))
             gzipped = field == "gz" or field.endswith(".gz")
             if gzipped and field not in self.decoders and "gz" not in self.decoders:
-                found = _Gunzipped(self.decoder_for(field[:-3]) if field != "gz" else None)
+                found = Gunzipped(self.decoder_for(field[:-3]) if field != "gz" else None)
             if field.startswith("__"):
                 found = None
             self._lookup[field] = found
@@ -344,17 +344,6 @@ class SettleBadSamples:
             self.errors.handle(item.error)
             return _SKIP
         return item
-
-
-class _Gunzipped:
-    """Decodes a gzip-compressed field with the decoder of the field it compresses."""
-
-    def __init__(self, inner: Decoder | None) -> None:
-        self.inner = inner
-
-    def __call__(self, data: bytes) -> Any:
-        data = gzip.decompress(data)
-        return data if self.inner is None else self.inner(data)
 
 
 class DecodeNode(Node):

@@ -8,7 +8,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nodes.readers.lines import BOM, RECORD_BLOCK_SIZE, LineFormat
+from nodes.readers.lines import BOM, MAX_RECORD_BYTES, RECORD_BLOCK_SIZE, LineFormat
 from nodes.storage import SourceFile
 
 
@@ -26,9 +26,13 @@ class CsvFormat(LineFormat):
     name = "read_csv"
 
     def __init__(
-        self, encoding: str = "utf-8", block_size: int = RECORD_BLOCK_SIZE, **fmtparams: Any
+        self,
+        encoding: str = "utf-8",
+        block_size: int = RECORD_BLOCK_SIZE,
+        max_record_bytes: int | None = MAX_RECORD_BYTES,
+        **fmtparams: Any,
     ) -> None:
-        super().__init__(encoding, block_size)
+        super().__init__(encoding, block_size, max_record_bytes)
         self.fmtparams = fmtparams
         csv.reader([], **fmtparams)  # a bad dialect fails here
         self._parsed: tuple[bytes, list[int], list[list[str]]] = (b"", [], [])

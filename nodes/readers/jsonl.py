@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from nodes.readers.lines import RECORD_BLOCK_SIZE, LineFormat
+from nodes.readers.lines import MAX_RECORD_BYTES, RECORD_BLOCK_SIZE, LineFormat
 
 try:  # optional (pip install datapipes-torch[json]): JSON lines decode about 2x faster
     from orjson import loads as _orjson_loads
@@ -33,9 +33,12 @@ class JsonLinesFormat(LineFormat):
     name = "read_jsonl"
 
     def __init__(
-        self, block_size: int = RECORD_BLOCK_SIZE, loads: Callable[[str], Any] | None = None
+        self,
+        block_size: int = RECORD_BLOCK_SIZE,
+        loads: Callable[[str], Any] | None = None,
+        max_record_bytes: int | None = MAX_RECORD_BYTES,
     ) -> None:
-        super().__init__("utf-8", block_size)
+        super().__init__("utf-8", block_size, max_record_bytes)
         decoder = json.JSONDecoder()
         self.loads = loads or decoder.decode
         # The fast path calls the C scanner that json.loads ends in, skipping loads's per-call

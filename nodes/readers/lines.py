@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
+from nodes.errors import MAX_RECORD_BYTES, BadRecordError, ErrorPolicy, InvalidStateError
 from nodes.readers.format import Cursor, RecordFormat, past_end, source_size
 from nodes.state_checks import at as item_path
 from nodes.state_checks import check_int
@@ -37,6 +37,7 @@ BOM = b"\xef\xbb\xbf"
 #: What decoding a bad record raises; RecursionError: JSON nested deeper than Python's stack.
 _BAD_TEXT = (ValueError, UnicodeDecodeError, csv.Error, RecursionError)
 
+
 #: Bytes of text decoded per block. Measured: 32-64 KiB keeps a block in cache and
 #: matches a plain `for line in f: json.loads(line)` loop; 1 MiB blocks were 40% slower.
 RECORD_BLOCK_SIZE = 1 << 16
@@ -47,7 +48,12 @@ class LineFormat(RecordFormat):
 
     name = "read_lines"
 
-    def __init__(self, encoding: str = "utf-8", block_size: int = RECORD_BLOCK_SIZE) -> None:
+    def __init__(
+        self,
+        encoding: str = "utf-8",
+        block_size: int = RECORD_BLOCK_SIZE,
+        max_record_bytes: int | None = MAX_RECORD_BYTES,
+    ) -> None:
         if "\n".encode(encoding) != b"\n":
             raise ValueError(
                 f"text readers split files at the byte 0x0A, which is not a line break in "
@@ -56,6 +62,14 @@ class LineFormat(RecordFormat):
             )
         if block_size < 1:
             raise ValueError(f"block_size must be a positive number of bytes, got {block_size}")
+        if max_record_bytes is not None and (
+            type(max_record_bytes) is not int or max_record_bytes < 1
+        ):
+            raise ValueError(
+                "max_record_bytes must be a positive number of bytes, or None for no limit, "
+                f"got {max_record_bytes!r}"
+            )
+        self.max_record_bytes = max_record_bytes
         self.encoding = encoding
         self.block_size = block_size
         # A UTF-8 byte order mark at a file's start is dropped (only at byte 0 of the file).
@@ -175,7 +189,24 @@ class LineFormat(RecordFormat):
                 if leftover == BOM:
                     leftover, offset = b"", len(BOM)
             while True:
-                chunk, leftover, last = self._next_chunk(f, leftover, offset, end)
+                chunk, leftover, last, dropped = self._next_chunk(f, leftover, offset, end)
+                if dropped:  # one record over max_record_bytes, read past and not kept
+                    after = (
+                        None
+                        if last
+                        else [offset + dropped, line + 1 if line > 0 else -1, block_no + 1]
+                    )
+                    if not interleaved or block_no % parts == part:
+                        error = self._oversized(source.url, offset, line)
+                        if not errors.skip:
+                            yield [], [offset, line, block_no]
+                            raise error
+                        errors.handle(error)
+                        yield [], after
+                    if after is None:
+                        return
+                    offset, line, block_no = after
+                    continue
                 lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
                 after = (
                     None
@@ -206,40 +237,71 @@ class LineFormat(RecordFormat):
                     return position + found + 1
                 position += len(data)
 
+    def _oversized(self, url: str, offset: int, line: int) -> BadRecordError:
+        where = f"byte offset {offset}" if line <= 0 else f"line {line} (byte offset {offset})"
+        return BadRecordError(
+            url,
+            where,
+            f"a record longer than max_record_bytes={self.max_record_bytes:,} bytes (after "
+            "decompression); raise the limit on the read step, or pass None for none",
+        )
+
     def _next_chunk(
         self, f: Any, leftover: bytes, offset: int, end: float
-    ) -> tuple[bytes, bytes, bool]:
-        """The block at ``offset``: ``block_size`` bytes cut after the last whole record."""
+    ) -> tuple[bytes, bytes, bool, int]:
+        """The block at ``offset``: ``block_size`` bytes cut after the last whole record;
+        ``(chunk, leftover, last, dropped)``, where ``dropped`` counts the bytes of a record
+        over ``max_record_bytes`` read past instead (the chunk is then empty)."""
         need = self.block_size - len(leftover)  # the BOM check may have read past a tiny block
         data = leftover + read_full(f, need) if need > 0 else leftover
         at_eof = len(data) < self.block_size
         cut = len(data) if at_eof else self.block_end(data)
         if cut == 0 and not at_eof:
-            data, cut, at_eof = self._read_long_record(f, data)
+            data, cut, at_eof, dropped = self._read_long_record(f, data)
+            if dropped:
+                return b"", data, (at_eof and not data) or offset + dropped >= end, dropped
         chunk, leftover = data[:cut], data[cut:]
         if offset + len(chunk) >= end:  # keep only the records that start before `end`
             stop = self.record_end(chunk, max(0, int(end - offset) - 1))
-            return (chunk[:stop] if stop else chunk), b"", True
-        return chunk, leftover, at_eof and not leftover
+            return (chunk[:stop] if stop else chunk), b"", True, 0
+        return chunk, leftover, at_eof and not leftover, 0
 
-    def _read_long_record(self, f: Any, data: bytes) -> tuple[bytes, int, bool]:
-        """``(data, cut, at_eof)`` once a record longer than ``data`` ends (or the file does).
+    def _read_long_record(self, f: Any, data: bytes) -> tuple[bytes, int, bool, int]:
+        """``(data, cut, at_eof, 0)`` once a record longer than ``data`` ends (or the file
+        does); past ``max_record_bytes``, ``(rest, 0, at_eof, dropped)``: the record's
+        ``dropped`` bytes read to its line break and let go, ``rest`` what follows it.
 
         Only the bytes just read are searched for a line break (every record
         ends at one), and the pieces are joined once: a line of n bytes costs
         O(n), where joining and searching the whole buffer per read cost O(n^2).
         """
-        pieces = [data]
+        pieces, held, limit = [data], len(data), self.max_record_bytes
         while True:
             more = read_full(f, self.block_size)
             pieces.append(more)
+            held += len(more)
             at_eof = len(more) < self.block_size
+            if limit is not None and held > limit and b"\n" not in more and not at_eof:
+                return self._read_past_record(f, held)
             if at_eof or b"\n" in more:
                 data = b"".join(pieces)
                 cut = len(data) if at_eof else self.block_end(data)
                 if cut or at_eof:
-                    return data, cut, at_eof
+                    return data, cut, at_eof, 0
                 pieces = [data]  # a quoted CSV line break: the record goes on
+
+    def _read_past_record(self, f: Any, held: int) -> tuple[bytes, int, bool, int]:
+        """Read on to the end of an oversized record, keeping one block at a time."""
+        dropped = held
+        while True:
+            more = read_full(f, self.block_size)
+            at_eof = len(more) < self.block_size
+            found = more.find(b"\n")
+            if found >= 0:
+                return more[found + 1 :], 0, at_eof, dropped + found + 1
+            dropped += len(more)
+            if at_eof:
+                return b"", 0, True, dropped
 
     def _decode(
         self, chunk: bytes, offset: int, line: int, meta: Any, url: str, errors: ErrorPolicy

@@ -1,0 +1,148 @@
+"""No record exhausts memory: decompression bombs end in a clear error or a counted skip.
+
+A line (after decompression) over ``max_record_bytes`` is a ``BadRecordError`` naming the
+file and offset before it is held whole; under ``on_error="skip"`` it is skipped, counted,
+and reading goes on at the next line. A ``*.gz`` field of a sample expands at most to
+``nodes.errors.MAX_RECORD_BYTES``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+from file_fixtures import tar_bytes
+
+import datapipes as dp
+from nodes.errors import BadRecordError
+
+LIMIT = 4 << 20  # 4 MiB: a bomb of 64 MiB is 16 limits, from a file of ~64 KB
+
+
+def records(ids: range) -> str:
+    return "".join(json.dumps({"id": i}) + "\n" for i in ids)
+
+
+def bomb_file(folder: Path, compression: str, line_bytes: int = 64 << 20) -> Path:
+    """Five records, one line of ``line_bytes`` (compressing over 1,000 times), five more."""
+    text = records(range(5)) + '{"pad": "' + "a" * line_bytes + '"}\n' + records(range(5, 10))
+    data = text.encode()
+    if compression == "gzip":
+        path, packed = folder / "bomb.jsonl.gz", gzip.compress(data, 9)
+    else:
+        path, packed = folder / "bomb.jsonl.zst", zstandard.ZstdCompressor(level=19).compress(data)
+    path.write_bytes(packed)
+    assert len(data) > 1000 * len(packed)
+    return path
+
+
+@pytest.fixture(params=["gzip", "zstd"])
+def bomb(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    return bomb_file(tmp_path, request.param)
+
+
+def read(path: Path, **options: Any) -> dp.DataPipe[Any]:
+    return dp.files(str(path)).read_jsonl(max_record_bytes=LIMIT, **options)
+
+
+def peak_bytes(action: Any) -> tuple[Any, int]:
+    tracemalloc.start()
+    try:
+        result = action()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_bomb_is_an_error_naming_the_file_and_offset(bomb: Path):
+    loader = dp.Loader(read(bomb))
+    got: list[int] = []
+    with pytest.raises(BadRecordError, match=r"bomb\.jsonl\.(gz|zst), line 6 \(byte offset 50\)"):
+        _, peak = peak_bytes(lambda: got.extend(r["id"] for r in loader))
+    assert got == [0, 1, 2, 3, 4]  # the records before it were delivered
+
+
+def test_a_skipped_bomb_is_counted_and_the_next_record_read(bomb: Path):
+    loader = dp.Loader(read(bomb, on_error="skip"))
+    with pytest.warns(UserWarning, match="max_record_bytes=4,194,304"):
+        ids, peak = peak_bytes(lambda: [r["id"] for r in loader])
+    assert ids == list(range(10))
+    assert list(loader.skipped().values()) == [1]
+    assert peak < 2 * LIMIT, f"peak {peak:,} bytes for a limit of {LIMIT:,}"
+
+
+def test_a_resume_past_a_skipped_bomb_is_exact(bomb: Path):
+    loader = dp.Loader(read(bomb, on_error="skip"))
+    stream = iter(loader)
+    with pytest.warns(UserWarning):
+        head = [next(stream)["id"] for _ in range(7)]
+    state = loader.state_dict()
+    resumed = dp.Loader(read(bomb, on_error="skip"))
+    resumed.load_state_dict(state)
+    assert head + [r["id"] for r in resumed] == list(range(10))
+    assert list(resumed.skipped().values()) == [1]  # counted once, carried by the state
+
+
+def test_a_record_just_below_the_limit_passes(tmp_path: Path):
+    pad = LIMIT - len('{"pad": ""}\n') - 1
+    path = tmp_path / "big.jsonl.gz"
+    text = records(range(2)) + '{"pad": "' + "b" * pad + '"}\n' + records(range(2, 4))
+    path.write_bytes(gzip.compress(text.encode()))
+    got = list(dp.Loader(read(path)))
+    assert [len(r.get("pad", "")) for r in got] == [0, 0, pad, 0, 0]
+
+
+def test_no_limit_and_the_default_leave_the_recipe_as_it_was(tmp_path: Path):
+    path = str(tmp_path / "*.jsonl")
+    default = dp.files(path).read_jsonl()
+    assert dp.files(path).read_jsonl(max_record_bytes=256 << 20).fingerprint() == (
+        default.fingerprint()
+    )
+    assert repr(default) == f"dp.files({path!r}).read_jsonl()"
+    assert "max_record_bytes=None" in repr(dp.files(path).read_jsonl(max_record_bytes=None))
+    with pytest.raises(ValueError, match="max_record_bytes must be a positive number"):
+        dp.files(path).read_jsonl(max_record_bytes=0)
+
+
+def test_a_gz_field_that_expands_past_the_limit_is_a_bad_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from nodes import errors
+
+    monkeypatch.setattr(errors, "MAX_RECORD_BYTES", LIMIT)  # read at each field, not imported
+    big = gzip.compress(json.dumps({"pad": "c" * (64 << 20)}).encode(), 9)
+    assert len(big) * 1000 < 64 << 20
+    samples = [
+        {"__key__": "s0", "json.gz": gzip.compress(b'{"i": 0}')},
+        {"__key__": "s1", "json.gz": big},
+        {"__key__": "s2", "json.gz": gzip.compress(b'{"i": 2}')},
+    ]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(samples))
+    pipe = dp.files(str(tmp_path / "a.tar")).read_tar()
+    with pytest.raises(BadRecordError, match=r"s1.*json\.gz.*expands past 4,194,304 bytes"):
+        list(dp.Loader(pipe.decode()))
+    skipping = dp.Loader(pipe.decode(on_error="skip"))
+    with pytest.warns(UserWarning, match="expands past"):
+        kept, peak = peak_bytes(lambda: [s["json.gz"]["i"] for s in skipping])
+    assert kept == [0, 2] and list(skipping.skipped().values()) == [1]
+    assert peak < 2 * LIMIT + (1 << 20), f"peak {peak:,} bytes"  # the tar member is in memory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_two_workers_raise_or_skip_the_same_way(tmp_path: Path, compression: str):
+    path = bomb_file(tmp_path, compression)
+    other = tmp_path / "other.jsonl"
+    other.write_text(records(range(10, 20)))
+    pipe = dp.files([str(path), str(other)]).read_jsonl(max_record_bytes=LIMIT, on_error="skip")
+    loader = dp.Loader(pipe, num_workers=2)
+    assert sorted(r["id"] for r in loader) == list(range(20))
+    assert list(loader.skipped().values()) == [1]
+    raising = dp.files([str(path), str(other)]).read_jsonl(max_record_bytes=LIMIT)
+    with pytest.raises(BadRecordError, match="max_record_bytes"):
+        list(dp.Loader(raising, num_workers=2))
