@@ -17,7 +17,7 @@ from typing import Any
 
 import fsspec.asyn
 import pytest
-from http_server import serve
+from http_server import _Handler, serve
 
 import datapipes as dp
 from datapipes.inspect import describe_checkpoint
@@ -103,6 +103,23 @@ def test_a_chain_is_scrubbed_and_a_link_built_from_attributes_replaced() -> None
 # ----- every channel ---------------------------------------------------------------------------
 
 
+class _DownForSome(_Handler):
+    """Answers 503 (a transient error, retried until retry_seconds runs out) for paths
+    holding "down"; serves the rest."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        if "down" in self.path:
+            self.send_error(503, "injected outage")
+        else:
+            super().do_GET()
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        if "down" in self.path:
+            self.send_error(503, "injected outage")
+        else:
+            super().do_HEAD()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("served-credentials")
@@ -110,7 +127,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     (root / "b.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(40, 80)))
     (root / "bad.jsonl").write_text('{"id": 100}\n{bad\n{"id": 102}\n')
     fsspec.asyn.get_loop()  # fsspec's shared loop thread, started before any test counts
-    with serve(root) as server:
+    with serve(root, handler=_DownForSome) as server:
         yield server
 
 
@@ -192,6 +209,11 @@ def test_no_credential_reaches_any_channel(
         repr(tolerant.losses()),
         json.dumps(tolerant.state_dict()),
     ]
+
+    # a server that keeps failing: retried until retry_seconds, then a ReadFailedError
+    down = dp.files([url(served, "down.jsonl"), url(served, "a.jsonl")], retry_seconds=0.5)
+    failed = seen.error(lambda: list(dp.Loader(down.read_jsonl(), num_workers=workers)))
+    assert "503" in str(failed) or "503" in repr(failed.__cause__), failed
 
     # a changed recipe (another version of the data): refused, showing masked URLs
     other = dp.files(
