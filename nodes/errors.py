@@ -25,6 +25,16 @@ ON_ERROR_CHOICES = ("raise", "skip")
 MAX_RECORD_BYTES = 256 << 20
 
 
+def check_expanded_size(size: int, what: str) -> None:
+    """Refuse (``ValueError``) ``what`` that would be ``size`` bytes once expanded, past
+    :data:`MAX_RECORD_BYTES` (read when called, so a test or a user may lower it)."""
+    if size > MAX_RECORD_BYTES:
+        raise ValueError(
+            f"{what} would expand to {size:,} bytes, past {MAX_RECORD_BYTES:,} "
+            "(nodes.errors.MAX_RECORD_BYTES)"
+        )
+
+
 def add_note(error: BaseException, note: str) -> None:
     """``error.add_note(note)``, on Python 3.10 too: there the note goes in ``__notes__``
     as 3.11 keeps it (3.10's tracebacks do not print it; ``__notes__`` has it).

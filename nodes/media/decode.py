@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from operator import is_not
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from nodes.base import UPSTREAM, Node, NotReset, State
-from nodes.errors import BadRecordError, ErrorPolicy
+from nodes.errors import BadRecordError, ErrorPolicy, check_expanded_size
 from nodes.media.audio import AUDIO_EXTENSIONS, decode_audio
 from nodes.media.gzipped import Gunzipped
 from nodes.media.intra_op import one_thread
@@ -52,6 +53,8 @@ def decode_npy(data: bytes) -> np.ndarray:
 
 
 def decode_npz(data: bytes) -> dict[str, np.ndarray]:
+    with zipfile.ZipFile(io.BytesIO(data)) as members:  # sizes from the central directory
+        check_expanded_size(sum(m.file_size for m in members.infolist()), "the npz")
     with np.load(io.BytesIO(data), allow_pickle=False) as archive:
         return dict(archive)  # read every array now: the archive closes here
 

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from nodes.adapters.third_party import read_npy_header_3_0
-from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError
+from nodes.errors import BadRecordError, ErrorPolicy, InvalidStateError, check_expanded_size
 from nodes.readers.reader import Cursor, RecordFormat
 from nodes.state_checks import check_int
 from nodes.storage import SourceFile, read_full
@@ -155,6 +155,9 @@ class NpyFormat(RecordFormat):
     def _whole(self, f: Any, is_npz: bool, url: str) -> Any:
         try:
             if is_npz:
+                with zipfile.ZipFile(f) as members:  # sizes from the central directory
+                    check_expanded_size(sum(m.file_size for m in members.infolist()), "it")
+                f.seek(0)
                 with np.load(f, allow_pickle=False) as archive:
                     return {name: archive[name] for name in archive.files}
             return np.load(f, allow_pickle=False)

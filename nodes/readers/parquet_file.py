@@ -13,6 +13,7 @@ import io
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from nodes import errors
 from nodes.errors import BadRecordError
 
 #: What a missing pyarrow is told to install.
@@ -190,6 +191,13 @@ class Opened:
                 )
             if j in leaves:
                 encoded += max(0, column.total_uncompressed_size)
+        if rows and encoded > errors.MAX_RECORD_BYTES * rows:  # some row is that big at least
+            raise BadRecordError(
+                self.url,
+                where,
+                f"its {rows:,} rows expand to {encoded:,} bytes: rows of over "
+                f"{errors.MAX_RECORD_BYTES:,} bytes (nodes.errors.MAX_RECORD_BYTES)",
+            )
         return encoded
 
     def batches(self, g: int, columns: list[str] | None, step: int) -> Iterator[Any]:

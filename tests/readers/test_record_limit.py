@@ -162,3 +162,55 @@ def test_two_workers_raise_or_skip_the_same_way_within_the_memory(tmp_path: Path
     raising = dp.files([str(path), str(other)]).read_jsonl(max_record_bytes=LIMIT)
     with pytest.raises(BadRecordError, match="max_record_bytes"):
         list(dp.Loader(raising, num_workers=2))
+
+
+def test_an_npz_that_would_expand_past_the_limit_is_a_bad_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import numpy as np
+
+    from nodes import errors
+
+    monkeypatch.setattr(errors, "MAX_RECORD_BYTES", LIMIT)
+    np.savez_compressed(tmp_path / "big.npz", a=np.zeros(64 << 20, dtype=np.uint8))
+    np.savez_compressed(tmp_path / "small.npz", a=np.arange(3))
+    assert (tmp_path / "big.npz").stat().st_size * 1000 < 64 << 20
+    whole = dp.files(str(tmp_path / "*.npz")).read_npy(rows=False)
+    with pytest.raises(BadRecordError, match=r"big\.npz.*would expand to 67,10\d,\d+ bytes"):
+        list(dp.Loader(whole))
+    skipping = dp.Loader(dp.files(str(tmp_path / "*.npz")).read_npy(rows=False, on_error="skip"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kept, peak = peak_bytes(lambda: [r["a"].tolist() for r in skipping])
+    assert kept == [[0, 1, 2]] and list(skipping.skipped().values()) == [1]
+    assert peak < 2 * LIMIT, f"peak {peak:,} bytes"
+    # the same file as a tar sample's npz field: a bad sample, decoded never
+    samples = [{"__key__": "s0", "npz": (tmp_path / "big.npz").read_bytes()}]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(samples))
+    fields = dp.files(str(tmp_path / "a.tar")).read_tar().decode(on_error="skip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, peak = peak_bytes(lambda: list(dp.Loader(fields)))
+    assert got == [] and peak < 2 * LIMIT
+
+
+def test_a_parquet_row_group_of_rows_past_the_limit_is_lost_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from nodes import errors
+
+    monkeypatch.setattr(errors, "MAX_RECORD_BYTES", LIMIT)
+    table = pa.table({"id": [0, 1], "text": ["a" * (32 << 20), "b" * (32 << 20)]})
+    pq.write_table(table, tmp_path / "big.parquet", compression="zstd", row_group_size=1)
+    pq.write_table(pa.table({"id": [2, 3], "text": ["c", "d"]}), tmp_path / "small.parquet")
+    assert (tmp_path / "big.parquet").stat().st_size * 1000 < 64 << 20
+    pipe = dp.files(str(tmp_path / "*.parquet")).read_parquet()
+    with pytest.raises(BadRecordError, match=r"big\.parquet, row group 0.*rows of over 4,194,304"):
+        list(dp.Loader(pipe))
+    skipping = dp.Loader(dp.files(str(tmp_path / "*.parquet")).read_parquet(on_error="skip"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ids = [r["id"] for r in skipping]  # the big row groups are refused from the footer
+    assert ids == [2, 3] and list(skipping.skipped().values()) == [2]  # unread: two groups
