@@ -24,7 +24,9 @@ sends, and a skipped record's warning is scrubbed before it is written.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -137,6 +139,43 @@ def remember_secret(value: object) -> None:
     if isinstance(value, str) and len(value) >= 4:
         _KNOWN.add(value)
         _scrub_log_records()
+
+
+#: A storage option whose name holds one of these words is a credential.
+SECRET_OPTION_WORDS = ("secret", "token", "password", "key", "credential", "auth")
+
+
+def masked_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Storage options as ``repr`` and fingerprints show them: credentials as ``***``,
+    nested ones included (s3fs takes ``client_kwargs={"aws_secret_access_key": ...}``);
+    their values are noted (:func:`remember_secret`) and taken out of every error.
+
+    >>> masked_options({"anon": False, "client_kwargs": {"aws_secret_access_key": "k3y!"}})
+    {'anon': False, 'client_kwargs': {'aws_secret_access_key': '***'}}
+    """
+    masked: dict[str, Any] = {}
+    for name, value in options.items():
+        if any(word in str(name).lower() for word in SECRET_OPTION_WORDS):
+            remember_secret(value)
+            masked[name] = MASK
+        else:
+            masked[name] = masked_options(value) if isinstance(value, dict) else value
+    return masked
+
+
+def scrubbing(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, with every error that leaves it scrubbed (:func:`scrub_error`): for
+    the entry points that raise outside a Loader (``dp.write``, ``dp.read_manifest``)."""
+
+    @functools.wraps(function)
+    def scrubbed_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except BaseException as error:
+            scrub_error(error)
+            raise
+
+    return scrubbed_call
 
 
 def scrubbed(text: str) -> str:

@@ -10,7 +10,7 @@ from datapipes.describe import describe
 from datapipes.identity import plain
 from datapipes.pipe import DataPipe
 from nodes import Context, Node
-from nodes.credentials import remember, remember_secret, shown_url
+from nodes.credentials import masked_options, remember, shown_url
 from nodes.errors import check_on_error
 from nodes.readers import (
     BytesFormat,
@@ -27,22 +27,6 @@ from nodes.readers.lines import MAX_RECORD_BYTES, RECORD_BLOCK_SIZE
 from nodes.sources.files import DEFAULT_BLOCK_SIZE, FileListNode, FileSet
 from nodes.storage import as_patterns, listing_digest
 from nodes.storage.retry import DEFAULT_RETRY_SECONDS, DEFAULT_TIMEOUT, RetryPolicy
-
-_SECRET_WORDS = ("secret", "token", "password", "key", "credential", "auth")
-
-
-def _masked(options: dict[str, Any]) -> dict[str, Any]:
-    """Storage options for ``repr``: credentials are never printed or fingerprinted, nested
-    ones included (s3fs takes ``client_kwargs={"aws_secret_access_key": ...}`` too), and
-    their values are taken out of every error and warning (:mod:`nodes.credentials`)."""
-    masked: dict[str, Any] = {}
-    for name, value in options.items():
-        if any(word in str(name).lower() for word in _SECRET_WORDS):
-            remember_secret(value)
-            masked[name] = "***"
-        else:
-            masked[name] = _masked(value) if isinstance(value, dict) else value
-    return masked
 
 
 class FileList(DataPipe[str]):
@@ -228,7 +212,7 @@ class Files(FileList):
         urls = patterns[0] if isinstance(urls, str | os.PathLike) else tuple(patterns)
         # Validates all three, naming the one that is wrong.
         policy = RetryPolicy(retries=retries, retry_seconds=retry_seconds, timeout=timeout)
-        kwargs: dict[str, Any] = dict(_masked(storage_options))
+        kwargs: dict[str, Any] = dict(masked_options(storage_options))
         # The retry limits are operational, not structural, so timeout and retry_seconds are
         # not in kwargs (the identity, the fingerprint, the random keys, repr and the skip
         # counts' names): changing them resumes the same checkpoint. An explicit retries

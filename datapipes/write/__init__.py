@@ -38,6 +38,7 @@ from datapipes.write.manifest import (
 )
 from datapipes.write.shard_plan import WriteOptions, WritePlan, make_plan
 from datapipes.write.unit import UnitWriter, encode_json, read_unit_record
+from nodes.credentials import scrubbing
 
 __all__ = [
     "Manifest", "ShardEntry", "ShardMismatchError", "WriteConflictError", "read_manifest", "write",
@@ -48,6 +49,7 @@ PLAN = f"{META}/plan.json"
 HELP_POLL_SECONDS = 0.2
 
 
+@scrubbing
 def write(
     pipe: DataPipe[Any],
     dest: str,

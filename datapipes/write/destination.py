@@ -29,6 +29,7 @@ from typing import IO, Any
 import fsspec
 
 from datapipes.write.checksum import checksum_bytes, checksum_fd
+from nodes.credentials import masked_options, remember
 
 #: The folder of a destination that holds the write's own records (not shards).
 META = "_datapipes"
@@ -59,6 +60,8 @@ class Destination:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = str(url).rstrip("/")
+        remember(self.url)  # its credentials, and the options', are scrubbed from every error
+        masked_options(storage_options or {})
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         #: Whether files go through a temporary name and a rename (local disk).

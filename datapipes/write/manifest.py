@@ -10,6 +10,7 @@ from typing import Any
 from datapipes.write.checksum import CHECKSUMS, checksum_stream
 from datapipes.write.destination import META, Destination
 from datapipes.write.unit import WRITE_VERSION
+from nodes.credentials import scrubbing
 
 MANIFEST = "manifest.json"
 
@@ -142,6 +143,7 @@ def parse_manifest(raw: bytes, url: str) -> Manifest:
         ) from None
 
 
+@scrubbing
 def read_manifest(url: str, **storage_options: Any) -> Manifest:
     """The manifest of the dataset :func:`datapipes.write` wrote at ``url``.
 

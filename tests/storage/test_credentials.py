@@ -250,3 +250,25 @@ def test_a_checkpoint_resumes_exactly_when_only_the_credentials_changed(
     resumed.load_state_dict(state)
     assert head + [r["id"] for r in resumed] == whole
     assert sorted(whole) == list(range(80))
+
+
+def test_a_write_keeps_its_storage_credentials_out_of_the_manifest_and_errors() -> None:
+    import fsspec
+
+    secret = "WRITE-s3cr3t-key"
+    options = {"key": secret, "client_kwargs": {"aws_secret_access_key": secret + "2"}}
+    dest = "memory://credentials-write/out"
+    dp.write(dp.range(30).map(_record), dest, records_per_shard=10, storage_options=options)
+    fs = fsspec.filesystem("memory")
+    written = b"".join(fs.cat(path) for path in fs.find("/credentials-write"))
+    assert b'"id": 29' in written or b'"id":29' in written
+    with pytest.raises(Exception) as caught:  # another recipe into the same destination
+        dp.write(dp.range(31).map(_record), dest, records_per_shard=10, storage_options=options)
+    text = "".join(traceback.format_exception(caught.value))
+    assert "credentials-write" in text
+    assert secret.encode() not in written and secret not in text
+    assert repr(dp.read_manifest(dest, **options)).count(secret) == 0
+
+
+def _record(i: int) -> dict[str, int]:
+    return {"id": i}
