@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -105,17 +106,28 @@ def test_a_chain_is_scrubbed_and_a_link_built_from_attributes_replaced() -> None
 
 class _DownForSome(_Handler):
     """Answers 503 (a transient error, retried until retry_seconds runs out) for paths
-    holding "down"; serves the rest."""
+    holding "down", and stalls mid-body for paths holding "stall"; serves the rest."""
 
     def do_GET(self) -> None:  # noqa: N802
         if "down" in self.path:
             self.send_error(503, "injected outage")
+        elif "stall" in self.path:
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b'{"id": 1}\n')
+            self.wfile.flush()
+            time.sleep(3)  # past the read timeout (0.3 s) and retry_seconds (0.5 s)
         else:
             super().do_GET()
 
     def do_HEAD(self) -> None:  # noqa: N802
         if "down" in self.path:
             self.send_error(503, "injected outage")
+        elif "stall" in self.path:
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
         else:
             super().do_HEAD()
 
@@ -174,9 +186,10 @@ def test_no_credential_reaches_any_channel(
     seen = Channels(tmp_path)
     good = dp.files([url(served, "a.jsonl"), url(served, "b.jsonl")], **HEADERS).read_jsonl()
     seen.texts += [repr(good), good.fingerprint(), str(good.steps())]
-    loader = dp.Loader(good, num_workers=workers, stats=True)
-    it = iter(loader)
-    head = [next(it) for _ in range(7)]
+    loader = dp.Loader(good, num_workers=workers, stats=True, progress=True)
+    with loader.trace(tmp_path / "trace.json"):
+        it = iter(loader)
+        head = [next(it) for _ in range(7)]
     assert [r["id"] for r in head] == [r["id"] for r in list(dp.Loader(good))[:7]]
     state = loader.state_dict()
     seen.texts += [json.dumps(state), repr(loader.stats()), repr(loader.skipped())]
@@ -214,6 +227,10 @@ def test_no_credential_reaches_any_channel(
     down = dp.files([url(served, "down.jsonl"), url(served, "a.jsonl")], retry_seconds=0.5)
     failed = seen.error(lambda: list(dp.Loader(down.read_jsonl(), num_workers=workers)))
     assert "503" in str(failed) or "503" in repr(failed.__cause__), failed
+
+    # a server that stops sending mid-body: timed out, retried, then a ReadFailedError
+    stalled = dp.files([url(served, "stall.jsonl")], timeout=0.3, retry_seconds=0.5)
+    seen.error(lambda: list(dp.Loader(stalled.read_jsonl(), num_workers=workers)))
 
     # a changed recipe (another version of the data): refused, showing masked URLs
     other = dp.files(
