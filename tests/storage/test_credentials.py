@@ -7,8 +7,10 @@ The secrets are made up; the local HTTP server ignores them.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import os
 import pickle
 import time
 import traceback
@@ -18,6 +20,7 @@ from typing import Any
 
 import fsspec.asyn
 import pytest
+from file_fixtures import tar_bytes
 from http_server import _Handler, serve
 
 import datapipes as dp
@@ -104,6 +107,31 @@ def test_a_chain_is_scrubbed_and_a_link_built_from_attributes_replaced() -> None
 # ----- every channel ---------------------------------------------------------------------------
 
 
+def _bad_files() -> dict[str, bytes]:
+    import io
+
+    import numpy as np
+
+    tar = tar_bytes([{"__key__": f"s{i}", "txt": b"x" * 600} for i in range(3)])
+    npy = io.BytesIO()
+    np.save(npy, np.arange(1000))
+    return {
+        "bad.csv": b"a,b\n1,2\n3\n",  # a row of the wrong width
+        "bad.tar": tar[: len(tar) // 2 + 100],  # cut inside a member
+        "bad.npy": npy.getvalue()[:-100],  # fewer rows than its header says
+        "bad.jsonl.gz": gzip.compress(b'{"id": 1}\n')[:-6],  # truncated compressed data
+    }
+
+
+BAD_FILES = _bad_files()
+READS = {
+    "bad.csv": lambda files: files.read_csv(),
+    "bad.tar": lambda files: files.read_tar(),
+    "bad.npy": lambda files: files.read_npy(),
+    "bad.jsonl.gz": lambda files: files.read_jsonl(),
+}
+
+
 class _DownForSome(_Handler):
     """Answers 503 (a transient error, retried until retry_seconds runs out) for paths
     holding "down", and stalls mid-body for paths holding "stall"; serves the rest."""
@@ -138,6 +166,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     (root / "a.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(40)))
     (root / "b.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(40, 80)))
     (root / "bad.jsonl").write_text('{"id": 100}\n{bad\n{"id": 102}\n')
+    for name, data in BAD_FILES.items():
+        (root / name).write_bytes(data)
     fsspec.asyn.get_loop()  # fsspec's shared loop thread, started before any test counts
     with serve(root, handler=_DownForSome) as server:
         yield server
@@ -223,6 +253,16 @@ def test_no_credential_reaches_any_channel(
         json.dumps(tolerant.state_dict()),
     ]
 
+    # a bad record (or damaged file) of every format
+    for name, reading in READS.items():
+        pipe = reading(dp.files([url(served, name)]))
+        seen.error(lambda pipe=pipe: list(dp.Loader(pipe, num_workers=workers)))
+
+    # a worker that dies mid-epoch
+    if workers:
+        dying = good.map(_exit_at_three)
+        seen.error(lambda: list(dp.Loader(dying, num_workers=workers)))
+
     # a server that keeps failing: retried until retry_seconds, then a ReadFailedError
     down = dp.files([url(served, "down.jsonl"), url(served, "a.jsonl")], retry_seconds=0.5)
     failed = seen.error(lambda: list(dp.Loader(down.read_jsonl(), num_workers=workers)))
@@ -285,6 +325,12 @@ def test_a_write_keeps_its_storage_credentials_out_of_the_manifest_and_errors() 
     assert "credentials-write" in text
     assert secret.encode() not in written and secret not in text
     assert repr(dp.read_manifest(dest, **options)).count(secret) == 0
+
+
+def _exit_at_three(record: dict[str, int]) -> dict[str, int]:
+    if record["id"] == 3:
+        os._exit(3)  # a worker killed: what the main process then reports names no secret
+    return record
 
 
 def _record(i: int) -> dict[str, int]:
