@@ -52,14 +52,22 @@ def decode_npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
+def _check_zip_sizes(data: bytes, what: str) -> None:
+    """Refuse a zip archive (npz, torch's pth) whose members, as its central directory
+    declares them, expand past the record limit: before anything is decompressed."""
+    with zipfile.ZipFile(io.BytesIO(data)) as members:
+        check_expanded_size(sum(m.file_size for m in members.infolist()), what)
+
+
 def decode_npz(data: bytes) -> dict[str, np.ndarray]:
-    with zipfile.ZipFile(io.BytesIO(data)) as members:  # sizes from the central directory
-        check_expanded_size(sum(m.file_size for m in members.infolist()), "the npz")
+    _check_zip_sizes(data, "the npz")
     with np.load(io.BytesIO(data), allow_pickle=False) as archive:
         return dict(archive)  # read every array now: the archive closes here
 
 
 def decode_torch(data: bytes) -> Any:
+    if zipfile.is_zipfile(io.BytesIO(data)):  # torch.save's format since 1.6
+        _check_zip_sizes(data, "the pth")
     return torch.load(io.BytesIO(data), weights_only=True)
 
 

@@ -214,3 +214,30 @@ def test_a_parquet_row_group_of_rows_past_the_limit_is_lost_not_read(
         warnings.simplefilter("ignore")
         ids = [r["id"] for r in skipping]  # the big row groups are refused from the footer
     assert ids == [2, 3] and list(skipping.skipped().values()) == [2]  # unread: two groups
+
+
+def test_a_pth_field_whose_archive_expands_past_the_limit_is_a_bad_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import io
+
+    import torch
+
+    from nodes import errors
+
+    monkeypatch.setattr(errors, "MAX_RECORD_BYTES", LIMIT)
+    big, small = io.BytesIO(), io.BytesIO()
+    torch.save({"w": torch.zeros(2 << 20)}, big)  # 8 MiB of storage
+    torch.save({"w": torch.arange(3)}, small)
+    samples = [
+        {"__key__": "s0", "pth": small.getvalue()},
+        {"__key__": "s1", "pth": big.getvalue()},
+    ]
+    (tmp_path / "a.tar").write_bytes(tar_bytes(samples))
+    pipe = dp.files(str(tmp_path / "a.tar")).read_tar()
+    with pytest.raises(BadRecordError, match=r"s1.*pth.*the pth would expand to 8,\d+,\d+ bytes"):
+        list(dp.Loader(pipe.decode()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kept = [s["pth"]["w"].tolist() for s in dp.Loader(pipe.decode(on_error="skip"))]
+    assert kept == [[0, 1, 2]]
