@@ -49,6 +49,7 @@ from http_server import _Handler, serve
 import datapipes as dp
 from nodes import Context
 from nodes.readers import FileReaderNode, NpyFormat, TarFormat
+from nodes.readers.format import RecordFormat
 from nodes.sources.files import FileSet
 from nodes.storage import SourceFile
 from nodes.testing import check_node, same
@@ -1108,7 +1109,7 @@ def test_field_names_are_lower_cased_as_webdataset_does(tmp_path):
     assert got[1]["cls"] == 7 and got[1]["txt"] == "hi"
 
 
-class _KeptBlocks:
+class _KeptBlocks(RecordFormat):
     """A format of one record per line that keeps every blocks generator it makes, as a
     traceback or a cache of the user's might: nothing but the reader can close them."""
 
@@ -1117,12 +1118,6 @@ class _KeptBlocks:
     def __init__(self) -> None:
         self.made: list[Any] = []
         self.open_files = 0
-
-    def bind(self, files: Any) -> None:
-        pass
-
-    def check_cursor(self, source: Any, cursor: Any, path: str) -> None:
-        pass
 
     def blocks(self, source: SourceFile, part: int, parts: int, cursor: Any, errors: Any) -> Any:
         made = self._blocks(source, cursor or 0)
@@ -1143,7 +1138,7 @@ class _KeptBlocks:
 def test_a_reader_closes_its_file_when_it_closes_not_when_the_gc_does(tmp_path: Path):
     (tmp_path / "a.txt").write_text("".join(f"{i}\n" for i in range(6)))
     fmt = _KeptBlocks()
-    node = FileReaderNode(FileSet(str(tmp_path / "a.txt"), {}), fmt, Context())  # type: ignore[arg-type]
+    node = FileReaderNode(FileSet(str(tmp_path / "a.txt"), {}), fmt, Context())
     node.reset(None)
     assert [next(node), next(node)] == ["0", "1"]
     assert fmt.open_files == 1

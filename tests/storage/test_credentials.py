@@ -137,19 +137,19 @@ class _DownForSome(_Handler):
     holding "down", and stalls mid-body for paths holding "stall"; serves the rest."""
 
     def do_GET(self) -> None:  # noqa: N802
-        if "down" in self.path:
-            self.send_error(503, "injected outage")
+        if not self._faulty():
+            super().do_GET()
         elif "stall" in self.path:
-            self.send_response(200)
-            self.send_header("Content-Length", "1000")
-            self.end_headers()
             self.wfile.write(b'{"id": 1}\n')
             self.wfile.flush()
             time.sleep(3)  # past the read timeout (0.3 s) and retry_seconds (0.5 s)
-        else:
-            super().do_GET()
 
     def do_HEAD(self) -> None:  # noqa: N802
+        if not self._faulty():
+            super().do_HEAD()
+
+    def _faulty(self) -> bool:
+        """Answer a faulty path's status line and headers; whether it was one."""
         if "down" in self.path:
             self.send_error(503, "injected outage")
         elif "stall" in self.path:
@@ -157,7 +157,8 @@ class _DownForSome(_Handler):
             self.send_header("Content-Length", "1000")
             self.end_headers()
         else:
-            super().do_HEAD()
+            return False
+        return True
 
 
 @pytest.fixture(scope="module")

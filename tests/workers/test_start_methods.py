@@ -78,6 +78,14 @@ def test_a_generator_in_a_step_is_refused():
         dp.Loader(pipe, num_workers=1, multiprocessing_context="spawn")
 
 
+def run_script(script: Path) -> subprocess.CompletedProcess[str]:
+    """``python script`` as a user runs it (the script's folder first on its path)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env
+    )
+
+
 @pytest.mark.slow
 def test_a_script_without_a_main_guard_is_told_what_to_add(tmp_path: Path):
     script = tmp_path / "train.py"
@@ -85,13 +93,7 @@ def test_a_script_without_a_main_guard_is_told_what_to_add(tmp_path: Path):
         "import datapipes as dp\n"
         "list(dp.Loader(dp.range(4), num_workers=1, multiprocessing_context='spawn'))\n"
     )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    done = run_script(script)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("nodes.workers.dataloader.WorkerDiedError"), done.stderr[-2000:]
@@ -115,13 +117,7 @@ def test_a_script_function_over_a_global_lock_still_goes_by_name(tmp_path: Path)
         "    loader = dp.Loader(pipe, num_workers=2, multiprocessing_context='spawn')\n"
         "    print(sorted(loader))\n"
     )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    done = run_script(script)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == str([0, 2, 4, 6, 8, 10])
 
