@@ -33,6 +33,7 @@ from nodes.credentials import (
     secrets_of,
     shown_url,
 )
+from nodes.errors import add_note
 
 SECRETS = ("PW-s3cr3t-alice", "SIG-0ff1ce-sig", "TOK-b4d9e-token", "BEARER-9f8e7d-opt")
 #: A storage option that carries a credential (nested, as fsspec's HTTP headers are).
@@ -92,7 +93,7 @@ def test_a_chain_is_scrubbed_and_a_link_built_from_attributes_replaced() -> None
             raise FromAttributes("http://carol:chain-pw-77@host/a.jsonl")
         except FromAttributes as inner:
             error = OSError("reading http://carol:chain-pw-77@host/a.jsonl failed")
-            error.add_note("while reading http://carol:chain-pw-77@host/a.jsonl")
+            add_note(error, "while reading http://carol:chain-pw-77@host/a.jsonl")
             raise error from inner
     except OSError as error_seen:
         caught = scrub_error(error_seen)
