@@ -39,6 +39,7 @@ from datapipes.loader.even_batches import NO_GROUP
 from datapipes.pipe import DataPipe
 from datapipes.steps.files import Files
 from nodes import Context
+from nodes.credentials import shown_url
 from nodes.sources.files import FileSet, Listings
 
 
@@ -51,7 +52,12 @@ def check_same_listings(
 ) -> None:
     """Refuse (:class:`ListingMismatchError`, naming the files) ``listings`` unlike those
     the first rank wrote at ``key`` of a shared store (``compare_set`` is the store's)."""
-    mine = json.dumps(sorted(listings.listed().items()), separators=(",", ":"))
+    # In their shown form: the store may be a file on disk, and a rank's password is no file.
+    listed = {
+        shown_url(pattern): [shown_url(url) for url in urls]
+        for pattern, urls in listings.listed().items()
+    }
+    mine = json.dumps(sorted(listed.items()), separators=(",", ":"))
     theirs = compare_set(key, "", mine)
     theirs = theirs.decode() if isinstance(theirs, bytes) else str(theirs)
     if theirs == mine:

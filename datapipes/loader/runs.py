@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from datapipes.loader.progress import ProgressBar, progress_bar_class
 from datapipes.resume.graph_record import node_path
 from nodes import Node
-from nodes.credentials import scrub_error
+from nodes.credentials import scrub_error, scrubbing
 from nodes.errors import InvalidStateError
 from nodes.exit_close import close_at_exit
 
@@ -56,6 +56,7 @@ class EpochRuns:
         self._dispatch, self._takeovers = dispatch, takeovers
         self._checkpoints = checkpoints
 
+    @scrubbing  # a listing, a store or a file that fails names no URL's password or signature
     def start(self) -> Iterator[Any]:
         """The next epoch's run, begun: what iterating the Loader returns."""
         topology = self._options.topology
@@ -74,11 +75,7 @@ class EpochRuns:
         self._stats.new_epoch(root)
         try:
             root.reset(run.resume_from)
-        except BaseException as error:
-            scrub_error(error)  # an unreadable listing or file names its URL, not a password
-            if not isinstance(error, StopIteration):
-                raise
-            # a resume replaying past the data (never raw)
+        except StopIteration as error:  # a resume replaying past the data (never raw)
             raise InvalidStateError(
                 node_path(topology.rank),
                 "a position within the epoch's data",

@@ -24,6 +24,7 @@ from file_fixtures import tar_bytes
 from http_server import _Handler, serve
 
 import datapipes as dp
+from datapipes.dispatch.dynamic import private_file_store
 from datapipes.inspect import describe_checkpoint
 from nodes.credentials import (
     ScrubbedError,
@@ -170,6 +171,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     (root / "bad.jsonl").write_text('{"id": 100}\n{bad\n{"id": 102}\n')
     for name, data in BAD_FILES.items():
         (root / name).write_bytes(data)
+    (root / "listing").mkdir()
+    for index in range(3):
+        (root / "listing" / f"part{index}.jsonl").write_text(json.dumps({"id": index}) + "\n")
     fsspec.asyn.get_loop()  # fsspec's shared loop thread, started before any test counts
     with serve(root, handler=_DownForSome) as server:
         yield server
@@ -259,6 +263,23 @@ def test_no_credential_reaches_any_channel(
     for name, reading in READS.items():
         pipe = reading(dp.files([url(served, name)]))
         seen.error(lambda pipe=pipe: list(dp.Loader(pipe, num_workers=workers)))
+
+    # ranks that listed different files (one added between their starts)
+    if not workers:
+        host = served.url.split("//", 1)[1]
+        listed = dp.files(f"http://alice:{SECRETS[0]}@{host}/listing/*.jsonl").read_jsonl()
+        store = private_file_store()
+        ranks = [
+            dp.Loader(listed, rank=r, world_size=2, dispatch="dynamic", store=store)
+            for r in range(2)
+        ]
+        next(iter(ranks[0]))
+        (served.root / "listing" / "part3.jsonl").write_text('{"id": 3}\n')
+        mismatch = seen.error(lambda: next(iter(ranks[1])))
+        assert type(mismatch).__name__ == "ListingMismatchError" and "part3" in str(mismatch)
+        seen.texts.append(Path(store.path).read_bytes().decode("latin-1"))  # the store's file
+        for rank in ranks:
+            rank.close()
 
     # a worker that dies mid-epoch
     if workers:
