@@ -241,3 +241,26 @@ def test_a_pth_field_whose_archive_expands_past_the_limit_is_a_bad_sample(
         warnings.simplefilter("ignore")
         kept = [s["pth"]["w"].tolist() for s in dp.Loader(pipe.decode(on_error="skip"))]
     assert kept == [[0, 1, 2]]
+
+
+@pytest.mark.slow
+def test_a_gz_field_bomb_in_a_worker_stays_within_the_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from nodes import errors
+
+    monkeypatch.setattr(errors, "MAX_RECORD_BYTES", LIMIT)  # forked workers inherit it
+    bomb = gzip.compress(json.dumps({"pad": "c" * (64 << 20)}).encode(), 9)
+    small = [
+        {"__key__": f"t{i:03d}", "json.gz": gzip.compress(b'{"i": %d}' % i)} for i in range(80)
+    ]
+    # the bomb first, so the worker that reads it reads small samples after it, whose
+    # records carry that worker's peak
+    (tmp_path / "a.tar").write_bytes(tar_bytes([{"__key__": "s0", "json.gz": bomb}, *small]))
+    pipe = dp.files(str(tmp_path / "a.tar")).read_tar().decode(on_error="skip")
+    loader = dp.Loader(pipe.map(_with_peak), num_workers=2, worker_init_fn=_trace_memory)
+    got = list(loader)
+    assert sorted(s["json.gz"]["i"] for s in got) == list(range(80))
+    assert list(loader.skipped().values()) == [1]
+    peak = max(s["peak"] for s in got)
+    assert LIMIT < peak < 2 * LIMIT + (1 << 20), f"a worker's peak: {peak:,} bytes"
