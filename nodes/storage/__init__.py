@@ -13,7 +13,8 @@ Each module has one job:
   retries), ``ForwardOnlyFile`` (a stream made seekable by reading), ``read_full``,
   ``skip_forward``;
 - :mod:`~nodes.storage.compression`: ``Decompressed`` and ``ZstdReader`` (decoder errors
-  name the file);
+  name the file); :mod:`~nodes.storage.zstd_blocks`: where zstd blocks end, so a bomb
+  decodes a few blocks at a time;
 - :mod:`~nodes.storage.source`: ``SourceFile``, one URL opened with all of the above;
 - :mod:`~nodes.storage.fsspec_http`: every quirk of fsspec's HTTP filesystem (servers that
   ignore Range, answers without a size, its error classes and messages, aiohttp's

@@ -12,6 +12,7 @@ from fsspec.compression import compr
 from nodes.errors import BadRecordError
 from nodes.storage.retry import ReadFailedError
 from nodes.storage.streams import _CountedStream, _ReadOnlyStream, skip_forward
+from nodes.storage.zstd_blocks import ZstdBlockEnds
 
 
 def decompressing(raw: io.RawIOBase, url: str, codec: str) -> Decompressed:
@@ -81,18 +82,19 @@ class Decompressed(_ReadOnlyStream):
                 super().close()
 
 
-#: Compressed bytes a zstd stream reads first (and at least): 32 bytes of the densest zstd
-#: measured (64 MiB of one byte in 2 KB, level 19) make about 1 MiB.
-_FIRST_READ = 32
-#: Decompressed bytes a zstd read aims at; the compressed read is sized by the ratio seen.
-_OUT_PER_READ = 1 << 20
+#: zstd blocks handed to the decoder per call: each makes 128 KiB at most, so one call makes
+#: 1 MiB at most, however dense the file (a bomb's 64 KB can hold 16,000 blocks).
+BLOCKS_PER_CALL = 8
 
 
 class ZstdReader(_CountedStream):
     """zstd frames, decompressed in order; a file that ends inside a frame is an error.
 
     (zstandard's own ``stream_reader`` returns a truncated frame's bytes as if
-    the file ended there, which would drop the rest silently.)
+    the file ended there, which would drop the rest silently.) The decoder gets
+    :data:`BLOCKS_PER_CALL` blocks at a time (:mod:`nodes.storage.zstd_blocks` finds
+    where they end), and no more once a read has what it asked for: a read holds about
+    1 MiB beyond its size at most, whatever the file holds.
     """
 
     def __init__(self, raw: io.RawIOBase, url: str, chunk: int = 1 << 16) -> None:
@@ -105,41 +107,39 @@ class ZstdReader(_CountedStream):
             ) from error
         self._new = zstandard.ZstdDecompressor().decompressobj
         self._raw, self._chunk = raw, chunk
-        self._next_read = _FIRST_READ  # grows to chunk where the data is not a bomb
         self._frame = self._new()
         self._in_frame = False
         self._buffer = bytearray()
         self._pos = 0
         self._raw_done = False
+        # Compressed bytes read but not decoded yet, a few blocks a piece: a read that
+        # filled the buffer leaves the rest of its pieces for the next one.
+        self._pending: list[bytes] = []
+        self._blocks = ZstdBlockEnds()
 
     def _fill(self, wanted: int) -> None:
-        while not self._raw_done and (wanted < 0 or len(self._buffer) < wanted):
-            data = self._raw.read(self._next_read)
-            if not data:
-                self._raw_done = True
-                if self._in_frame:
-                    raise EOFError("the file ends inside a zstd frame (truncated)")
-                return
-            produced = len(self._buffer)
-            while data:
-                if self._frame.eof:  # a new frame follows
-                    self._frame = self._new()
-                self._buffer += self._frame.decompress(data)
-                self._in_frame = not self._frame.eof
-                data = self._frame.unused_data if self._frame.eof else b""
-            self._adapt(len(self._buffer) - produced)
+        while wanted < 0 or len(self._buffer) < wanted:
+            if not self._pending:
+                if self._raw_done:
+                    return
+                data = self._raw.read(self._chunk)
+                if not data:
+                    self._raw_done = True
+                    if self._in_frame:
+                        raise EOFError("the file ends inside a zstd frame (truncated)")
+                    return
+                ends = self._blocks.ends(data) if self._blocks.valid else []
+                cuts = [*ends[BLOCKS_PER_CALL - 1 :: BLOCKS_PER_CALL], len(data)]
+                self._pending = [data[a:b] for a, b in zip([0, *cuts], cuts) if b > a]
+            self._decompress(self._pending.pop(0))
 
-    def _adapt(self, produced: int) -> None:
-        """Size the next read of compressed bytes to yield about ``_OUT_PER_READ``, growing at
-        most twofold: zstandard's decompressobj has no output cap, and 64 KB of a bomb is
-        gigabytes at once. (A file dense only after a normal start can still make one read
-        yield ``chunk`` times its ratio; an output-capped decoder, such as Python 3.14's
-        ``compression.zstd``, would close that.)"""
-        read = self._next_read
-        grown = min(self._chunk, 2 * read)
-        if produced:
-            grown = max(_FIRST_READ, min(grown, int(_OUT_PER_READ * read / produced)))
-        self._next_read = grown
+    def _decompress(self, data: bytes) -> None:
+        while data:
+            if self._frame.eof:  # a new frame follows
+                self._frame = self._new()
+            self._buffer += self._frame.decompress(data)
+            self._in_frame = not self._frame.eof
+            data = self._frame.unused_data if self._frame.eof else b""
 
     def read(self, size: int = -1) -> bytes:
         self._fill(size)

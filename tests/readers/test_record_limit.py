@@ -264,3 +264,21 @@ def test_a_gz_field_bomb_in_a_worker_stays_within_the_memory(
     assert list(loader.skipped().values()) == [1]
     peak = max(s["peak"] for s in got)
     assert LIMIT < peak < 2 * LIMIT + (1 << 20), f"a worker's peak: {peak:,} bytes"
+
+
+def test_a_zstd_bomb_after_a_normal_start_stays_within_the_memory(tmp_path: Path):
+    """The decoder gets a few zstd blocks a call (128 KiB each at most), however far into
+    the file the dense part starts: reads sized by the ratio seen so far would not hold."""
+    import random
+
+    rng = random.Random(3)
+    normal = "".join(json.dumps({"id": i, "t": rng.random()}) + "\n" for i in range(5000))
+    text = normal + '{"pad": "' + "z" * (64 << 20) + '"}\n' + records(range(5000, 5010))
+    path = tmp_path / "late.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor(level=19).compress(text.encode()))
+    loader = dp.Loader(read(path, on_error="skip"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ids, peak = peak_bytes(lambda: [r["id"] for r in loader])
+    assert ids == list(range(5010)) and list(loader.skipped().values()) == [1]
+    assert peak < 2 * LIMIT, f"peak {peak:,} bytes for a limit of {LIMIT:,}"
