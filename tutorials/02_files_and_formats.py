@@ -389,6 +389,42 @@ with warnings.catch_warnings():
 print("after the resume, skipped:", list(resumed.skipped().values()))
 assert list(resumed.skipped().values()) == [2]
 
+# %% [markdown]
+# ## Hostile input: a record too big to hold
+#
+# A small compressed file can hold a huge line (a 60 KB gzip file, a 60 MB
+# line). Readers stop at `max_record_bytes` of one record (256 MiB unless the
+# step says otherwise) before holding it whole: an error naming the file and
+# offset, or, with `on_error="skip"`, a counted skip.
+
+# %%
+bomb = local / "bomb.jsonl.gz"
+text = '{"id": 1}\n{"pad": "' + "x" * (60 << 20) + '"}\n{"id": 3}\n'
+bomb.write_bytes(gzip.compress(text.encode()))
+print(f"{bomb.stat().st_size:,} bytes on disk")
+guarded = dp.files(str(bomb)).read_jsonl(max_record_bytes=1 << 20, on_error="skip")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dp.BadRecordWarning)
+    guarded_loader = dp.Loader(guarded)
+    assert [r["id"] for r in guarded_loader] == [1, 3]
+print("skipped:", list(guarded_loader.skipped().values()))
+
+# %% [markdown]
+# ## Secrets in URLs
+#
+# Credentials belong in storage options or the environment, but a URL that
+# carries them (`http://user:password@host/...`, a pre-signed URL) is shown,
+# stored and fingerprinted without them, so a checkpoint resumes after a
+# password rotation or a re-signing.
+
+# %%
+from nodes.credentials import shown_url  # noqa: E402
+
+print(shown_url("https://user:hunter2@host/a.jsonl?X-Amz-Signature=f00d&version=2"))
+signed = dp.files("https://host/a.jsonl?X-Amz-Signature=f00d&X-Amz-Expires=900")
+resigned = dp.files("https://host/a.jsonl?X-Amz-Signature=beef&X-Amz-Expires=600")
+assert signed.fingerprint() == resigned.fingerprint() and "f00d" not in repr(signed)
+
 # %%
 server.shutdown()
 server.server_close()
