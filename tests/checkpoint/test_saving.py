@@ -332,7 +332,9 @@ def test_training_killed_at_random_moments_resumes_exactly(tmp_path: Path) -> No
         time.sleep(rng.uniform(0.0, 0.25))
         os.kill(process.pid, signal.SIGKILL)
         process.join(timeout=30)
-        assert process.exitcode == -signal.SIGKILL, "it finished before the kill"
+        if process.exitcode == 0:  # the steps left took less than the wait: training is done
+            break
+        assert process.exitcode == -signal.SIGKILL, f"it ended with {process.exitcode}"
         kills += 1
         in_save += _events(workdir)[-1].startswith("save-start")
         if (workdir / "ckpt.pt").exists():  # every checkpoint a kill leaves loads, consistently
