@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from nodes.credentials import scrub_error, scrubbed
+from nodes.credentials import scrubbed
 
 ON_ERROR_CHOICES = ("raise", "skip")
 
@@ -150,9 +150,8 @@ class ErrorPolicy:
 
     def handle(self, error: Exception) -> None:
         """Raise ``error`` (a bad record), or count it and warn about the first skip."""
-        scrub_error(error)
         if not self.skip:
-            raise error
+            raise error  # scrubbed where it leaves: the Loader, a worker, a TorchDataset
         self._skipped(error, "a bad record")
 
     def lose(
@@ -171,9 +170,8 @@ class ErrorPolicy:
         file, range, records and bytes in :meth:`losses`. ``what`` names a
         range that is not the rest of the file (a damaged range read past).
         """
-        scrub_error(error)
         if not self.skip:
-            raise error
+            raise error  # scrubbed where it leaves: the Loader, a worker, a TorchDataset
         self.files += whole_file
         self.ranges += not whole_file
         self.rows += records or 0

@@ -14,6 +14,7 @@ from datapipes.topology import Topology
 from datapipes.workers.shipping import ByValue
 from nodes import Context, Node
 from nodes.consumer_work import ConsumerWork, DealtWork
+from nodes.credentials import scrub_error
 from nodes.dispatch import Dispatcher, DispatchSpec
 from nodes.errors import (
     InvalidStateError,
@@ -224,7 +225,8 @@ class TorchDataset(torch.utils.data.IterableDataset):
                 items = map(inline_small_tensors, items)
             yield from items
         except Exception as error:
-            if not in_worker:
+            if not in_worker:  # a user's DataLoader without workers: this is the boundary
+                scrub_error(error)
                 raise
             # torch would rebuild it in the main process as type(message), which most types
             # with several arguments (BadRecordError among them) do not take: carry it whole.

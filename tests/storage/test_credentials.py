@@ -358,3 +358,14 @@ def _exit_at_three(record: dict[str, int]) -> dict[str, int]:
 
 def _record(i: int) -> dict[str, int]:
     return {"id": i}
+
+
+def test_a_torch_dataset_in_a_users_dataloader_scrubs_its_errors(served: Any) -> None:
+    from torch.utils.data import DataLoader
+
+    dataset = dp.files([url(served, "bad.jsonl")]).read_jsonl().as_torch_dataset()
+    with pytest.raises(Exception) as caught:
+        list(DataLoader(dataset, batch_size=None, num_workers=0))
+    text = "".join(traceback.format_exception(caught.value))
+    assert "bad.jsonl" in text and "line 2" in text
+    assert not [s for s in SECRETS if s in text]
